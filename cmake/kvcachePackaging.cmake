@@ -1,0 +1,27 @@
+# install(), export() and the CMake package files of kvcache::kvcache.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(KVCACHE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kvcache" CACHE STRING
+    "Where kvcacheConfig.cmake is installed")
+
+install(TARGETS kvcache EXPORT kvcacheTargets)
+install(DIRECTORY include/kvcache DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(EXPORT kvcacheTargets NAMESPACE kvcache:: DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
+
+configure_package_config_file(
+    "${PROJECT_SOURCE_DIR}/cmake/kvcacheConfig.cmake.in"
+    "${PROJECT_BINARY_DIR}/kvcacheConfig.cmake"
+    INSTALL_DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
+write_basic_package_version_file(
+    "${PROJECT_BINARY_DIR}/kvcacheConfigVersion.cmake"
+    VERSION ${PROJECT_VERSION}
+    COMPATIBILITY SameMajorVersion
+    ARCH_INDEPENDENT)
+install(FILES
+    "${PROJECT_BINARY_DIR}/kvcacheConfig.cmake"
+    "${PROJECT_BINARY_DIR}/kvcacheConfigVersion.cmake"
+    DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
+
+# Lets a consumer use the build tree directly: find_package(kvcache) with kvcache_DIR=<build>.
+export(EXPORT kvcacheTargets NAMESPACE kvcache:: FILE "${PROJECT_BINARY_DIR}/kvcacheTargets.cmake")

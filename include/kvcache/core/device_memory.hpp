@@ -1,0 +1,98 @@
+// RAII buffers in device memory through the CUDA runtime, and the device
+// memory-space policy. Available where the CUDA runtime headers are (nvcc, or
+// a host target linked to CUDA::cudart); see KVCACHE_HAS_CUDA_RUNTIME.
+#pragma once
+
+#include "kvcache/core/config.hpp"
+#include "kvcache/core/memory.hpp"
+
+#if KVCACHE_HAS_CUDA_RUNTIME
+#include <cuda_runtime_api.h>
+
+#include "kvcache/core/cuda_error.hpp"
+
+namespace kvcache {
+
+/// Owning, move-only array in device memory, zero-initialised.
+/// @tparam T a trivially copyable element type
+template <class T>
+class device_buffer {
+    static_assert(std::is_trivially_copyable_v<T>, "kvcache::device_buffer holds trivially copyable elements only");
+
+public:
+    device_buffer() noexcept = default;
+
+    /// Allocates count zeroed elements with cudaMalloc; throws error_code::out_of_memory naming the size.
+    explicit device_buffer(std::size_t count) : count_(count) {
+        if (count == 0) return;
+        const std::size_t bytes = detail::checked_bytes(count, sizeof(T));
+        void* memory = nullptr;
+        const cudaError_t status = cudaMalloc(&memory, bytes);
+        if (status != cudaSuccess) {
+            (void)cudaGetLastError();  // allocation failures are not sticky; clear them so later calls start clean
+            throw_error(status == cudaErrorMemoryAllocation ? error_code::out_of_memory : error_code::cuda_error,
+                        "device allocation of ", bytes, " bytes (", count, " elements) failed: ",
+                        cudaGetErrorString(status));
+        }
+        const cudaError_t cleared = cudaMemset(memory, 0, bytes);
+        if (cleared != cudaSuccess) {
+            cudaFree(memory);
+            KVCACHE_CUDA_CHECK(cleared);
+        }
+        data_ = static_cast<T*>(memory);
+    }
+
+    device_buffer(device_buffer&& other) noexcept
+        : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
+
+    device_buffer& operator=(device_buffer&& other) noexcept {
+        if (this != &other) {
+            if (data_) cudaFree(data_);
+            data_ = std::exchange(other.data_, nullptr);
+            count_ = std::exchange(other.count_, 0);
+        }
+        return *this;
+    }
+
+    device_buffer(const device_buffer&) = delete;
+    device_buffer& operator=(const device_buffer&) = delete;
+
+    ~device_buffer() {
+        if (data_) cudaFree(data_);
+    }
+
+    T* data() noexcept { return data_; }
+    const T* data() const noexcept { return data_; }
+    std::size_t size() const noexcept { return count_; }
+    std::size_t bytes() const noexcept { return count_ * sizeof(T); }
+    bool empty() const noexcept { return count_ == 0; }
+    span<T> view() noexcept { return {data_, count_}; }
+    span<const T> view() const noexcept { return {data_, count_}; }
+
+private:
+    T* data_ = nullptr;
+    std::size_t count_ = 0;
+};
+
+/// Memory-space policy for device memory (see host_memory).
+struct device_memory {
+    static constexpr memory_space space = memory_space::device;
+
+    /// @tparam T element type
+    template <class T>
+    using buffer = device_buffer<T>;
+
+    static void copy_from_host(void* destination, const void* source, std::size_t bytes) {
+        if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyHostToDevice));
+    }
+    static void copy_to_host(void* destination, const void* source, std::size_t bytes) {
+        if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyDeviceToHost));
+    }
+    static void copy_within(void* destination, const void* source, std::size_t bytes) {
+        if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyDeviceToDevice));
+    }
+};
+
+}  // namespace kvcache
+
+#endif  // KVCACHE_HAS_CUDA_RUNTIME

@@ -1,0 +1,4 @@
+// The umbrella header: everything kvcache offers host code.
+#pragma once
+
+#include "kvcache/core.hpp"

@@ -1,0 +1,93 @@
+// The contiguous layout: one preallocated slab per sequence slot, positions
+// 0..capacity-1 in order. Strides are stored in the view so callers can hand
+// in their own tensors (any row order, padding between slots or heads).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kvcache/core/config.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/core/heads.hpp"
+#include "kvcache/layout/layout_interface.hpp"
+
+namespace kvcache {
+
+/// View of a batch of sequences stored in contiguous slabs,
+/// element (slot, kv_head, position, d) at
+/// keys[slot * slot_stride + kv_head * head_stride + position * position_stride + d]
+/// (the same for values). Default strides give [slot][kv_head][position][head_dim].
+/// Batch entry i reads storage slot slots[i], or slot i when slots is null.
+/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Heads a head_config
+template <class Element, class Heads>
+struct contiguous_view {
+    using element_type = Element;
+    using heads = Heads;
+    static constexpr layout_kind kind = layout_kind::contiguous;
+
+    Element* keys = nullptr;          ///< base of the key slabs
+    Element* values = nullptr;        ///< base of the value slabs
+    const int* lengths = nullptr;     ///< lengths[i]: tokens held by batch entry i
+    const int* slots = nullptr;       ///< storage slot of batch entry i; null: identity
+    int sequences = 0;                ///< batch entries
+    int capacity = 0;                 ///< positions each slot can hold
+    std::int64_t slot_stride = 0;     ///< elements between slots
+    std::int64_t head_stride = 0;     ///< elements between KV heads of a slot
+    std::int64_t position_stride = 0; ///< elements between consecutive positions (>= head_dim)
+
+    /// Strides of the packed [slot][kv_head][position][head_dim] order for the given capacity.
+    KVCACHE_HOST_DEVICE static constexpr contiguous_view packed(Element* keys, Element* values, const int* lengths,
+                                                                const int* slots, int sequences, int capacity) noexcept {
+        contiguous_view v;
+        v.keys = keys;
+        v.values = values;
+        v.lengths = lengths;
+        v.slots = slots;
+        v.sequences = sequences;
+        v.capacity = capacity;
+        v.position_stride = Heads::head_dim;
+        v.head_stride = std::int64_t(capacity) * Heads::head_dim;
+        v.slot_stride = std::int64_t(Heads::kv_heads) * v.head_stride;
+        return v;
+    }
+
+    KVCACHE_HOST_DEVICE int sequence_count() const noexcept { return sequences; }
+    KVCACHE_HOST_DEVICE int length(int seq) const noexcept { return lengths[seq]; }
+    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
+    KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
+
+    /// Element offset of row (seq, kv_head, position) from keys (and from values).
+    KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
+        const int slot = slots ? slots[seq] : seq;
+        return slot * slot_stride + kv_head * head_stride + position * position_stride;
+    }
+    KVCACHE_HOST_DEVICE Element* key(int seq, int kv_head, int position) const noexcept {
+        return keys + offset(seq, kv_head, position);
+    }
+    KVCACHE_HOST_DEVICE Element* value(int seq, int kv_head, int position) const noexcept {
+        return values + offset(seq, kv_head, position);
+    }
+
+    /// Every position from visible_begin to the end is one run.
+    KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
+        position_run<Element> r;
+        const int n = lengths[seq];
+        r.first_visible = visible_begin;
+        r.first_position = visible_begin;
+        r.stride = static_cast<int>(position_stride);
+        if (visible_begin >= n) return r;
+        const std::int64_t at = offset(seq, kv_head, visible_begin);
+        r.keys = keys + at;
+        r.values = values + at;
+        r.count = n - visible_begin;
+        return r;
+    }
+
+    KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {}; }
+};
+
+static_assert(is_layout_view_v<contiguous_view<float, head_config<1, 1, 8>>>, "contiguous_view must satisfy the layout interface");
+static_assert(is_layout_view_v<contiguous_view<half, head_config<4, 2, 16>>>, "contiguous_view must satisfy the layout interface");
+
+}  // namespace kvcache

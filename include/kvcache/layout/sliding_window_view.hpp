@@ -1,0 +1,135 @@
+// The sliding-window layout (StreamingLLM): per slot, S "sink" rows holding
+// positions 0..S-1 forever, then a ring of R rows holding the most recent
+// positions. Position p >= S lives in ring row (p - S) % R. Keys are stored
+// already rotated (RoPE) at their original logical position; nothing is
+// re-rotated when positions move in the ring.
+#pragma once
+
+#include <cstdint>
+
+#include "kvcache/core/config.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/core/heads.hpp"
+#include "kvcache/layout/layout_interface.hpp"
+
+namespace kvcache {
+
+/// View of a batch of sliding-window sequences. Slot storage is
+/// [slot][kv_head][row][head_dim] with rows 0..sinks-1 the sinks and
+/// rows sinks..sinks+ring-1 the ring; element (slot, kv_head, row, d) is at
+/// keys[slot * slot_stride + kv_head * head_stride + row * head_dim + d].
+/// Present positions: [0, min(length, sinks)) and [max(sinks, length - ring), length).
+/// ring >= window so every key a query may see is present; with
+/// ring = window + chunk - 1, a chunk of new tokens still sees its own window.
+/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Heads a head_config
+template <class Element, class Heads>
+struct sliding_window_view {
+    using element_type = Element;
+    using heads = Heads;
+    static constexpr layout_kind kind = layout_kind::sliding_window;
+
+    Element* keys = nullptr;       ///< base of the key slabs
+    Element* values = nullptr;     ///< base of the value slabs
+    const int* lengths = nullptr;  ///< logical tokens of batch entry i (unbounded)
+    const int* slots = nullptr;    ///< storage slot of batch entry i; null: identity
+    int sequences = 0;             ///< batch entries
+    int sinks = 0;                 ///< S: first positions kept forever
+    int ring = 1;                  ///< R: ring rows for recent positions (>= window)
+    int window = 1;                ///< W: a query sees keys newer than query - W (plus sinks)
+    std::int64_t slot_stride = 0;  ///< elements between slots (>= kv_heads * head_stride)
+    std::int64_t head_stride = 0;  ///< elements between KV heads of a slot (>= (sinks + ring) * head_dim)
+
+    /// Packed strides for the given sinks and ring.
+    KVCACHE_HOST_DEVICE static constexpr sliding_window_view packed(Element* keys, Element* values,
+                                                                    const int* lengths, const int* slots,
+                                                                    int sequences, int sinks, int ring,
+                                                                    int window) noexcept {
+        sliding_window_view v;
+        v.keys = keys;
+        v.values = values;
+        v.lengths = lengths;
+        v.slots = slots;
+        v.sequences = sequences;
+        v.sinks = sinks;
+        v.ring = ring;
+        v.window = window;
+        v.head_stride = std::int64_t(sinks + ring) * Heads::head_dim;
+        v.slot_stride = std::int64_t(Heads::kv_heads) * v.head_stride;
+        return v;
+    }
+
+    KVCACHE_HOST_DEVICE int sequence_count() const noexcept { return sequences; }
+    KVCACHE_HOST_DEVICE int length(int seq) const noexcept { return lengths[seq]; }
+
+    /// Present sink positions: min(length, sinks).
+    KVCACHE_HOST_DEVICE int sink_count(int seq) const noexcept {
+        const int n = lengths[seq];
+        return n < sinks ? n : sinks;
+    }
+    /// Oldest present ring position: max(sinks, length - ring).
+    KVCACHE_HOST_DEVICE int first_ring_position(int seq) const noexcept {
+        const int from = lengths[seq] - ring;
+        return from > sinks ? from : sinks;
+    }
+    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept {
+        const int n = lengths[seq];
+        return sink_count(seq) + (n > sinks ? n - first_ring_position(seq) : 0);
+    }
+    KVCACHE_HOST_DEVICE int visible_position(int seq, int i) const noexcept {
+        const int s = sink_count(seq);
+        return i < s ? i : first_ring_position(seq) + (i - s);
+    }
+
+    /// Storage row of a present position.
+    KVCACHE_HOST_DEVICE int row_of(int position) const noexcept {
+        return position < sinks ? position : sinks + (position - sinks) % ring;
+    }
+    /// Element offset of row (seq, kv_head, position) from keys (and from values).
+    KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
+        const int slot = slots ? slots[seq] : seq;
+        return slot * slot_stride + kv_head * head_stride + std::int64_t(row_of(position)) * Heads::head_dim;
+    }
+    KVCACHE_HOST_DEVICE Element* key(int seq, int kv_head, int position) const noexcept {
+        return keys + offset(seq, kv_head, position);
+    }
+    KVCACHE_HOST_DEVICE Element* value(int seq, int kv_head, int position) const noexcept {
+        return values + offset(seq, kv_head, position);
+    }
+
+    /// Positions stay consecutive and rows adjacent up to the ring's wrap
+    /// point; before anything is evicted (length <= sinks + ring) row ==
+    /// position, so the sinks and the ring form one run.
+    KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
+        position_run<Element> r;
+        r.first_visible = visible_begin;
+        r.stride = Heads::head_dim;
+        const int n = lengths[seq];
+        const int visible = visible_count(seq);
+        if (visible_begin >= visible) {
+            r.first_position = n;
+            return r;
+        }
+        const int p = visible_position(seq, visible_begin);
+        r.first_position = p;
+        const std::int64_t at = offset(seq, kv_head, p);
+        r.keys = keys + at;
+        r.values = values + at;
+        if (n <= sinks + ring) {
+            r.count = n - p;
+        } else if (p < sinks) {
+            r.count = sinks - p;
+        } else {
+            const int to_wrap = ring - (p - sinks) % ring;
+            r.count = n - p < to_wrap ? n - p : to_wrap;
+        }
+        return r;
+    }
+
+    KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {window, sinks}; }
+};
+
+static_assert(is_layout_view_v<sliding_window_view<float, head_config<1, 1, 8>>>, "sliding_window_view must satisfy the layout interface");
+static_assert(is_layout_view_v<sliding_window_view<half, head_config<4, 2, 16>>>, "sliding_window_view must satisfy the layout interface");
+
+}  // namespace kvcache

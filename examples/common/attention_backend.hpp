@@ -1,0 +1,101 @@
+// The seam between the model and attention: the forward pass hands each
+// layer's rotated queries, keys and values to an attention_backend, which is
+// either plain causal attention over the tokens of the call (recompute, no
+// cache) or kvcache (append to the cache, then prefill/decode attention).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "common/model_config.hpp"
+#include "common/thread_pool.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/layout/layout_interface.hpp"
+
+namespace kvcache::examples {
+
+/// What the forward pass needs from attention.
+class attention_backend {
+public:
+    virtual ~attention_backend() = default;
+
+    /// Called once per forward pass before the layers: `tokens` new tokens at positions
+    /// first_position .. first_position + tokens - 1 (a cache reserves their rows here).
+    virtual void begin_tokens(int first_position, int tokens) = 0;
+
+    /// One layer: q [tokens][query_heads][head_dim], k and v [tokens][kv_heads][head_dim] of the
+    /// new tokens; writes out [tokens][query_heads][head_dim].
+    virtual void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) = 0;
+};
+
+/// Rounds values through a storage element type, so recomputed K/V see the
+/// same precision as K/V read back from a cache of that type.
+inline void round_through(element_kind kind, float* data, std::size_t count) {
+    if (kind == element_kind::fp16)
+        for (std::size_t i = 0; i < count; ++i) data[i] = to_float(from_float<half>(data[i]));
+}
+
+/// Attention without a cache: every call holds the whole sequence from position 0,
+/// causal, restricted by the same visibility rule a sliding-window cache applies.
+class recompute_attention final : public attention_backend {
+public:
+    recompute_attention(const model_config& config, thread_pool& pool, element_kind storage,
+                        attention_visibility visibility = {})
+        : heads_(config.heads()), pool_(pool), storage_(storage), visibility_(visibility) {}
+
+    void begin_tokens(int first_position, int) override {
+        require(first_position == 0, error_code::invalid_argument, "recompute_attention: first_position = ",
+                first_position, " must be 0 (nothing is cached)");
+    }
+
+    void attend(int, const float* q, const float* k, const float* v, int tokens, float* out) override {
+        const int qh = heads_.query_heads, kvh = heads_.kv_heads, d = heads_.head_dim, group = heads_.group_size();
+        std::size_t kv_count = static_cast<std::size_t>(tokens) * kvh * d;
+        keys_.assign(k, k + kv_count);
+        values_.assign(v, v + kv_count);
+        round_through(storage_, keys_.data(), kv_count);
+        round_through(storage_, values_.data(), kv_count);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        pool_.parallel_for(tokens * qh, [&](int begin, int end) {
+            std::vector<float> scores(tokens);
+            std::vector<float> acc(d);
+            for (int item = begin; item < end; ++item) {
+                int t = item / qh, h = item % qh, kv = h / group;
+                const float* qrow = q + (static_cast<std::size_t>(t) * qh + h) * d;
+                float best = -INFINITY;
+                for (int j = 0; j <= t; ++j) {
+                    if (!visibility_.allows(t, j)) {
+                        scores[j] = -INFINITY;
+                        continue;
+                    }
+                    const float* krow = keys_.data() + (static_cast<std::size_t>(j) * kvh + kv) * d;
+                    float s = 0.0f;
+                    for (int i = 0; i < d; ++i) s += qrow[i] * krow[i];
+                    scores[j] = s * scale;
+                    if (scores[j] > best) best = scores[j];
+                }
+                float total = 0.0f;
+                for (int i = 0; i < d; ++i) acc[i] = 0.0f;
+                for (int j = 0; j <= t; ++j) {
+                    if (scores[j] == -INFINITY) continue;
+                    float p = std::exp(scores[j] - best);
+                    total += p;
+                    const float* vrow = values_.data() + (static_cast<std::size_t>(j) * kvh + kv) * d;
+                    for (int i = 0; i < d; ++i) acc[i] += p * vrow[i];
+                }
+                float* orow = out + (static_cast<std::size_t>(t) * qh + h) * d;
+                for (int i = 0; i < d; ++i) orow[i] = acc[i] / total;
+            }
+        });
+    }
+
+private:
+    head_shape heads_;
+    thread_pool& pool_;
+    element_kind storage_;
+    attention_visibility visibility_;
+    std::vector<float> keys_, values_;
+};
+
+}  // namespace kvcache::examples

@@ -1,0 +1,223 @@
+// The safetensors reader and config parser on good and bad input: every bad
+// case is one kvcache::error naming the file (and tensor), never a bad read.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checkpoint_writer.hpp"
+#include "common/checkpoint_loader.hpp"
+
+using namespace kvcache::examples;
+using namespace kvcache::examples::testing;
+using kvcache::error_code;
+
+namespace {
+
+std::vector<tensor_to_write> sample_tensors() {
+    return {{"a", "F32", {2, 3}, {1, 2, 3, 4, 5, 6}},
+            {"b", "F16", {4}, {0.5f, -1.0f, 65504.0f, 0.0f}},
+            {"c", "BF16", {1, 2}, {3.0f, -0.125f}}};
+}
+
+// Runs the parser on bytes and returns the error message ("" when it parsed).
+std::string parse_error(const std::vector<unsigned char>& bytes) {
+    try {
+        parse_safetensors_header(bytes.data(), bytes.size(), "x.safetensors");
+    } catch (const kvcache::error& e) {
+        CHECK(e.code() == error_code::format_error);
+        return e.what();
+    }
+    return "";
+}
+
+std::vector<unsigned char> with_header(const std::string& header, std::size_t data_bytes) {
+    std::vector<unsigned char> out;
+    put_le(out, header.size(), 8);
+    out.insert(out.end(), header.begin(), header.end());
+    out.resize(out.size() + data_bytes, 0);
+    return out;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string temp_dir(const std::string& name) {
+    auto dir = std::filesystem::temp_directory_path() / ("kvcache_model_test_" + name);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    return dir.string();
+}
+
+}  // namespace
+
+TEST_CASE("a well-formed file parses and converts F32, F16 and BF16 to float") {
+    std::string dir = temp_dir("good");
+    write_bytes(dir + "/t.safetensors", safetensors_bytes(sample_tensors()));
+    safetensors_file f(dir + "/t.safetensors");
+    CHECK(f.header().tensors.size() == 3);
+    CHECK(f.read_floats("a", {2, 3}) == std::vector<float>{1, 2, 3, 4, 5, 6});
+    CHECK(f.read_floats("b", {4}) == std::vector<float>{0.5f, -1.0f, 65504.0f, 0.0f});
+    CHECK(f.read_floats("c", {1, 2}) == std::vector<float>{3.0f, -0.125f});
+}
+
+TEST_CASE("each kind of corrupt header is one clear format error") {
+    auto good = safetensors_bytes(sample_tensors());
+    CHECK(parse_error(good).empty());
+
+    SUBCASE("shorter than the length field") {
+        CHECK(contains(parse_error({1, 2, 3}), "too short"));
+    }
+    SUBCASE("header length past the end of the file") {
+        auto bytes = good;
+        bytes.resize(20);
+        CHECK(contains(parse_error(bytes), "truncated"));
+    }
+    SUBCASE("absurd header length") {
+        auto bytes = good;
+        for (int i = 0; i < 8; ++i) bytes[i] = 0xFF;
+        CHECK(contains(parse_error(bytes), "exceeds the limit"));
+    }
+    SUBCASE("not JSON") {
+        CHECK(contains(parse_error(with_header("{\"a\": [1,", 0)), "not valid JSON"));
+    }
+    SUBCASE("tensor data cut off: offsets run past the file") {
+        auto bytes = good;
+        bytes.resize(bytes.size() - 1);
+        std::string message = parse_error(bytes);
+        CHECK(contains(message, "x.safetensors"));
+        CHECK(contains(message, "tensor 'c'"));
+        CHECK(contains(message, "run past the data section"));
+    }
+    SUBCASE("offsets beyond a small file") {
+        auto message = parse_error(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8000000000]}})", 8));
+        CHECK(contains(message, "tensor 'w'"));
+        CHECK(contains(message, "run past"));
+    }
+    SUBCASE("begin after end") {
+        CHECK(contains(parse_error(with_header(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8)),
+                       "begin after end"));
+    }
+    SUBCASE("dtype and shape disagree with the byte span") {
+        auto message = parse_error(with_header(R"({"w":{"dtype":"F16","shape":[3],"data_offsets":[0,8]}})", 8));
+        CHECK(contains(message, "tensor 'w'"));
+        CHECK(contains(message, "need 6"));
+    }
+    SUBCASE("unknown dtype") {
+        CHECK(contains(parse_error(with_header(R"({"w":{"dtype":"F42","shape":[1],"data_offsets":[0,4]}})", 4)),
+                       "unknown dtype"));
+    }
+    SUBCASE("negative or fractional shape, overflowing element count") {
+        CHECK(contains(parse_error(with_header(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4)),
+                       "shape"));
+        CHECK(contains(parse_error(with_header(R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4)),
+                       "shape"));
+        CHECK(contains(parse_error(with_header(
+                           R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})", 4)),
+                       "more elements"));
+    }
+    SUBCASE("missing fields and wrong types") {
+        CHECK(contains(parse_error(with_header(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4)), "dtype"));
+        CHECK(contains(parse_error(with_header(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4)), "shape"));
+        CHECK(contains(parse_error(with_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4)),
+                       "data_offsets"));
+        CHECK(contains(parse_error(with_header(R"({"w":7})", 0)), "not an object"));
+        CHECK(contains(parse_error(with_header(R"([1,2])", 0)), "not a JSON object"));
+    }
+}
+
+TEST_CASE("fuzz: mutated and truncated headers either parse into in-bounds tensors or throw format_error") {
+    const auto good = safetensors_bytes(sample_tensors());
+    seeded_random random(2024);
+    int parsed = 0, refused = 0;
+    auto run = [&](const std::vector<unsigned char>& bytes) {
+        try {
+            auto header = parse_safetensors_header(bytes.data(), bytes.size(), "fuzz.safetensors");
+            ++parsed;
+            // Whatever parsed must lie inside the buffer, checked here without the parser's help.
+            for (const auto& [name, e] : header.tensors) {
+                CHECK(e.begin <= e.end);
+                CHECK(header.data_start + e.end <= bytes.size());
+            }
+        } catch (const kvcache::error& e) {
+            ++refused;
+            CHECK(e.code() == error_code::format_error);
+        }
+    };
+    // Every truncation.
+    for (std::size_t n = 0; n < good.size(); ++n) run(std::vector<unsigned char>(good.begin(), good.begin() + n));
+    // Random byte changes, insertions of JSON-significant characters and deletions in the header.
+    const char significant[] = "{}[]\",:0123456789-eE.FBtfn \\";
+    for (int i = 0; i < 20000; ++i) {
+        auto bytes = good;
+        int edits = 1 + static_cast<int>(random.next() % 4);
+        for (int e = 0; e < edits; ++e) {
+            std::size_t at = random.next() % bytes.size();
+            switch (random.next() % 4) {
+            case 0: bytes[at] = static_cast<unsigned char>(random.next()); break;
+            case 1: bytes[at] = static_cast<unsigned char>(significant[random.next() % (sizeof significant - 1)]); break;
+            case 2: bytes.insert(bytes.begin() + static_cast<long>(at), significant[random.next() % (sizeof significant - 1)]); break;
+            default: bytes.erase(bytes.begin() + static_cast<long>(at)); break;
+            }
+            if (bytes.empty()) break;
+        }
+        if (random.next() % 8 == 0 && bytes.size() > 1) bytes.resize(random.next() % bytes.size());
+        run(bytes);
+    }
+    CHECK(parsed > 0);
+    CHECK(refused > 1000);
+}
+
+TEST_CASE("reading a tensor checks the shape the config needs and names file and tensor") {
+    std::string dir = temp_dir("shape");
+    write_bytes(dir + "/t.safetensors", safetensors_bytes(sample_tensors()));
+    safetensors_file f(dir + "/t.safetensors");
+    try {
+        f.read_floats("a", {3, 2});
+        FAIL("a wrong shape was accepted");
+    } catch (const kvcache::error& e) {
+        std::string m = e.what();
+        CHECK(contains(m, "t.safetensors"));
+        CHECK(contains(m, "tensor 'a'"));
+        CHECK(contains(m, "[2, 3]"));
+        CHECK(contains(m, "[3, 2]"));
+    }
+    CHECK_THROWS_WITH_AS(f.read_floats("zz", {1}), doctest::Contains("tensor 'zz' is missing"), kvcache::error);
+    CHECK_THROWS_WITH_AS(safetensors_file(dir + "/missing.safetensors"), doctest::Contains("missing.safetensors: cannot open"),
+                         kvcache::error);
+    write_bytes(dir + "/empty.safetensors", {});
+    CHECK_THROWS_WITH_AS(safetensors_file(dir + "/empty.safetensors"), doctest::Contains("too short"), kvcache::error);
+}
+
+TEST_CASE("config.json: defaults, and refusals that name the field") {
+    auto parse = [](const std::string& text) { return parse_model_config(nlohmann::json::parse(text), "config.json"); };
+    const std::string base = R"("vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                "intermediate_size": 128)";
+    auto c = parse("{\"model_type\": \"llama\", " + base + "}");
+    CHECK(c.model.num_kv_heads == 4);
+    CHECK(c.model.head_dim == 16);
+    CHECK(!c.model.attention_bias);
+    CHECK(c.model.rope_theta == 10000.0);
+    CHECK(parse("{\"model_type\": \"qwen2\", " + base + "}").model.attention_bias);
+    CHECK(parse("{\"model_type\": \"mistral\", \"sliding_window\": 4096, " + base + "}").sliding_window == 4096);
+    auto l3 = parse("{\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0, "
+                    "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}, " +
+                    base + "}");
+    CHECK(l3.model.scaling.type == rope_scaling::kind::llama3);
+    CHECK(l3.model.scaling.factor == 32.0);
+
+    CHECK_THROWS_WITH_AS(parse("{\"model_type\": \"gpt2\", " + base + "}"), doctest::Contains("model_type = 'gpt2'"),
+                         kvcache::error);
+    CHECK_THROWS_WITH_AS(parse("{\"model_type\": \"llama\", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}, " + base + "}"),
+                         doctest::Contains("rope_scaling.rope_type = 'yarn'"), kvcache::error);
+    CHECK_THROWS_WITH_AS(parse("{\"model_type\": \"llama\", \"hidden_act\": \"gelu\", " + base + "}"),
+                         doctest::Contains("hidden_act"), kvcache::error);
+    CHECK_THROWS_WITH_AS(parse(R"({"model_type": "llama", "hidden_size": 64})"), doctest::Contains("'vocab_size' is missing"),
+                         kvcache::error);
+    CHECK_THROWS_WITH_AS(parse("{\"model_type\": \"llama\", \"num_key_value_heads\": 3, " + base + "}"),
+                         doctest::Contains("num_key_value_heads"), kvcache::error);
+    CHECK_THROWS_WITH_AS(parse("{\"model_type\": \"llama\", \"rms_norm_eps\": \"small\", " + base + "}"),
+                         doctest::Contains("rms_norm_eps"), kvcache::error);
+    CHECK_THROWS_WITH_AS(read_model_config(temp_dir("noconfig")), doctest::Contains("config.json: cannot open"),
+                         kvcache::error);
+}

@@ -1,0 +1,104 @@
+// The CPU backend against the reference on the whole matrix, over the private
+// scatter layout (and the shipped layouts, see layouts.hpp).
+#include <doctest/doctest.h>
+
+#include "kvcache/backend/cpu.hpp"
+#include "support/attention_harness.hpp"
+
+using namespace kvcache;
+using namespace kvcache_test;
+
+namespace {
+
+struct cpu_backend {
+    static constexpr const char* name = "cpu";
+    template <class View, class Query>
+    static void decode(const View& view, const Query* q, Query* o, float* lse, const attention_options& options) {
+        cpu::decode_attention_with_lse(view, q, o, lse, options);
+    }
+    template <class View, class Query>
+    static void prefill(const View& view, const Query* q, const int* offsets, Query* o, float* lse,
+                        const attention_options& options) {
+        cpu::prefill_attention_with_lse(view, q, offsets, o, lse, options);
+    }
+    template <class View, class Input>
+    static void append(const View& view, const Input* k, const Input* v, const int* offsets) {
+        cpu::append(view, k, v, offsets);
+    }
+};
+
+using mha = head_config<4, 4, 32>;
+using gqa = head_config<8, 2, 64>;
+using mqa = head_config<4, 1, 32>;
+
+template <class Factory, class Element>
+void check_all_heads() {
+    check_attention<cpu_backend, Factory, Element, mha>();
+    check_attention<cpu_backend, Factory, Element, gqa>();
+    check_attention<cpu_backend, Factory, Element, mqa>();
+    check_append<cpu_backend, Factory, Element, gqa>();
+}
+
+}  // namespace
+
+TEST_CASE("cpu backend matches the reference: scatter layout, fp32") { check_all_heads<scatter_factory, float>(); }
+TEST_CASE("cpu backend matches the reference: scatter layout, fp16") { check_all_heads<scatter_factory, half>(); }
+
+TEST_CASE("cpu backend: odd group sizes and head dim 56, mixed precision") {
+    check_attention<cpu_backend, scatter_factory, half, head_config<5, 1, 56>>();
+    check_attention<cpu_backend, scatter_factory, float, head_config<14, 2, 16>>();  // group 7
+    check_attention<cpu_backend, scatter_factory, half, head_config<4, 2, 32>, float>();  // fp16 cache, fp32 queries
+    check_append<cpu_backend, scatter_factory, half, head_config<5, 1, 56>, float>();    // fp32 rows into fp16
+}
+
+TEST_CASE("cpu backend gives the same answer on one thread and on several, split or not") {
+    using heads = head_config<8, 2, 64>;
+    context_case c{"long", {700}, 0, 0, 16, {1}, {}};
+    auto cache = scatter_factory::make<half, heads>(c, 3);
+    fill_cache(cache->view(), 4);
+    const auto queries = random_rows<float>(heads::query_heads * heads::head_dim, 3.0f, 5);
+    const auto expected = reference::decode_attention_exact(cache->view(), queries.data());
+    for (int threads : {1, 3}) {
+        cpu::set_thread_count(threads);
+        CHECK(cpu::thread_count() == threads);
+        for (int splits : {0, 1, 2, 5}) {
+            attention_options options;
+            options.kv_splits = splits;
+            std::vector<float> outputs(queries.size()), lse(heads::query_heads);
+            cpu::decode_attention_with_lse(cache->view(), queries.data(), outputs.data(), lse.data(), options);
+            compare(outputs, lse, expected, "threads " + std::to_string(threads) + " splits " + std::to_string(splits));
+        }
+    }
+    cpu::set_thread_count(0);
+}
+
+TEST_CASE("cpu merge_states matches the reference merge, empty states included") {
+    const float inf = std::numeric_limits<float>::infinity();
+    const int states = 3, rows = 4, dim = 16;
+    const auto outputs = random_rows<float>(states * rows * dim, 1.0f, 9);
+    // row 0: all present; row 1: one empty; row 2: all empty; row 3: widely different lse.
+    const std::vector<float> lse = {1.0f, -inf, -inf, 30.0f, 2.0f, 0.5f, -inf, -20.0f, 0.0f, 3.0f, -inf, 0.0f};
+    std::vector<float> actual(rows * dim), actual_lse(rows), expected(rows * dim), expected_lse(rows);
+    cpu::merge_states(states, rows, dim, outputs.data(), lse.data(), actual.data(), actual_lse.data());
+    reference::merge_states(states, rows, dim, outputs.data(), lse.data(), expected.data(), expected_lse.data());
+    for (int i = 0; i < rows * dim; ++i) {
+        CHECK_FALSE(std::isnan(actual[i]));
+        CHECK(actual[i] == doctest::Approx(expected[i]).epsilon(1e-5));
+    }
+    for (int r : {0, 1, 3}) CHECK(actual_lse[r] == doctest::Approx(expected_lse[r]).epsilon(1e-6));
+    CHECK(actual_lse[2] == -inf);
+    CHECK(expected_lse[2] == -inf);
+}
+
+TEST_CASE("half widening used by the cpu backend is exact for every binary16 value") {
+    std::vector<half> all(65536);
+    for (int i = 0; i < 65536; ++i) all[i] = half::from_bits(std::uint16_t(i));
+    std::vector<float> widened(65536);
+    cpu::detail::widen(all.data(), widened.data(), 65536);
+    int mismatches = 0;
+    for (int i = 0; i < 65536; ++i) {
+        const float expected = static_cast<float>(all[i]);  // core's exact software conversion
+        mismatches += std::memcmp(&expected, &widened[i], 4) != 0;
+    }
+    CHECK(mismatches == 0);
+}

@@ -1,0 +1,223 @@
+// The kernel test matrix, shared by every backend under test: builds a cache
+// through a factory, fills it through reference::append, runs the backend's
+// decode / prefill / append and compares with the double-precision reference.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvcache/backend/reference.hpp"
+#include "scatter_layout.hpp"
+
+namespace kvcache_test {
+
+using namespace kvcache;
+
+/// One context shape: sequence lengths, the window and sinks the layout keeps
+/// (0: everything), rows per run, prefill chunk per sequence, options.
+struct context_case {
+    const char* name;
+    std::vector<int> lengths;
+    int window = 0;
+    int sinks = 0;
+    int run_length = 16;
+    std::vector<int> chunk;  ///< prefill query tokens per sequence (<= length)
+    attention_options options{};
+    bool drop = true;  ///< false: the layout keeps every position and only visibility() applies the window
+};
+
+/// The three contexts of the matrix: short; crossing runs (pages) and the
+/// window, with a soft cap; long enough to split the decode, with a scale.
+inline std::vector<context_case> standard_cases() {
+    attention_options capped;
+    capped.logits_soft_cap = 5.0f;
+    attention_options split;
+    split.softmax_scale = 0.3f;
+    split.kv_splits = 3;
+    return {
+        {"short", {5, 9, 1}, 0, 0, 16, {3, 9, 1}, {}},
+        {"crossing", {37, 70}, 24, 4, 16, {20, 33}, capped},
+        {"long", {600, 300}, 0, 0, 16, {40, 17}, split},
+        {"masked", {150, 90}, 40, 3, 8, {30, 90}, {}, false},
+    };
+}
+
+/// Counts distinct (kernel, layout, type, heads) combinations verified and prints them at exit.
+class combination_registry {
+public:
+    static combination_registry& instance() {
+        static combination_registry registry;
+        return registry;
+    }
+    void add(const std::string& kernel, const std::string& layout, const std::string& type, const std::string& heads) {
+        combinations_.insert(kernel + " / " + layout + " / " + type + " / " + heads);
+    }
+    ~combination_registry() {
+        std::printf("kvcache kernel tests: %zu (kernel, layout, type, heads) combinations verified against the reference\n",
+                    combinations_.size());
+    }
+
+private:
+    std::set<std::string> combinations_;
+};
+
+/// Tolerance on outputs (|value| <= 1: convex combinations of values in [-1, 1]).
+/// float outputs: FP32 accumulation over at most a few hundred keys of
+/// head_dim <= 128 differs from double by ~1e-6 relative; 2e-5 leaves margin
+/// without hiding a wrong weight (a single misplaced key moves outputs by
+/// >1e-3 at these lengths). half outputs: rounding the result to binary16
+/// alone costs up to 2^-11 = 4.9e-4 at magnitude 1, so 1e-3.
+template <class Output>
+double output_tolerance() {
+    return std::is_same_v<Output, float> ? 2e-5 : 1e-3;
+}
+
+/// Tolerance on log-sum-exp (magnitude up to ~10): FP32 sum of exps, 1e-5 relative.
+inline double lse_tolerance(double lse) { return 1e-5 * std::max(1.0, std::fabs(lse)); }
+
+template <class Output>
+void compare(const std::vector<Output>& actual, const std::vector<float>& actual_lse, const reference::attention_result& expected,
+             const std::string& what) {
+    INFO(what);
+    REQUIRE(actual.size() == expected.outputs.size());
+    double worst = 0.0;
+    std::size_t worst_index = 0;
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+        const double error = std::fabs(double(to_float(actual[i])) - expected.outputs[i]);
+        if (!(error <= worst)) worst = error, worst_index = i;  // NaN counts as worst
+    }
+    INFO("worst output error " << worst << " at " << worst_index);
+    CHECK(worst <= output_tolerance<Output>());
+    for (std::size_t i = 0; i < actual_lse.size(); ++i) {
+        if (std::isinf(expected.lse[i])) {
+            CHECK(std::isinf(actual_lse[i]));
+            CHECK(actual_lse[i] < 0);
+            continue;
+        }
+        if (std::fabs(actual_lse[i] - expected.lse[i]) > lse_tolerance(expected.lse[i])) {
+            INFO("lse " << actual_lse[i] << " vs " << expected.lse[i] << " at " << i);
+            CHECK(false);
+            break;
+        }
+    }
+}
+
+template <class T>
+std::vector<T> random_rows(std::size_t count, float magnitude, unsigned seed) {
+    std::mt19937 random(seed);
+    std::uniform_real_distribution<float> uniform(-magnitude, magnitude);
+    std::vector<T> rows(count);
+    for (auto& x : rows) x = from_float<T>(uniform(random));
+    return rows;
+}
+
+/// Fills every present row of a cache through reference::append of whole sequences.
+template <class View>
+void fill_cache(const View& view, unsigned seed) {
+    using heads = typename View::heads;
+    std::vector<int> offsets(1, 0);
+    for (int b = 0; b < view.sequence_count(); ++b) offsets.push_back(offsets.back() + view.length(b));
+    const std::size_t count = std::size_t(offsets.back()) * heads::kv_heads * heads::head_dim;
+    const auto keys = random_rows<float>(count, 1.0f, seed);
+    const auto values = random_rows<float>(count, 1.0f, seed + 1);
+    reference::append(view, keys.data(), values.data(), offsets.data());
+}
+
+inline std::string heads_name(int q, int kv, int d) {
+    return std::to_string(q) + "q/" + std::to_string(kv) + "kv/d" + std::to_string(d);
+}
+
+/// Runs decode and prefill of Backend on a cache from Factory for every
+/// standard case and compares with the reference. Query elements are Query.
+/// @tparam Backend struct with static decode(view, q, o, lse, options) and prefill(view, q, offsets, o, lse, options)
+/// @tparam Factory struct with name and make<Element, Heads>(case, seed) returning an owner with view()
+template <class Backend, class Factory, class Element, class Heads, class Query = Element>
+void check_attention(const std::vector<context_case>& cases = standard_cases()) {
+    const std::string type = std::is_same_v<Element, float> ? "fp32" : "fp16";
+    const std::string query_type = std::is_same_v<Query, float> ? "fp32" : "fp16";
+    const std::string heads = heads_name(Heads::query_heads, Heads::kv_heads, Heads::head_dim);
+    unsigned seed = 11;
+    for (const context_case& c : cases) {
+        auto cache = Factory::template make<Element, Heads>(c, seed++);
+        const auto view = cache->view();
+        fill_cache(view, seed++);
+        const std::string what = std::string(Backend::name) + " " + Factory::name + " " + type + " cache, " + query_type +
+                                 " queries, " + heads + ", " + c.name;
+        const int batch = view.sequence_count();
+        {  // decode
+            const auto queries = random_rows<Query>(std::size_t(batch) * Heads::query_heads * Heads::head_dim, 3.0f, seed++);
+            std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
+            std::vector<float> lse(std::size_t(batch) * Heads::query_heads, 99.0f);
+            Backend::decode(view, queries.data(), outputs.data(), lse.data(), c.options);
+            compare(outputs, lse, reference::decode_attention_exact(view, queries.data(), c.options), what + ", decode");
+        }
+        {  // prefill
+            std::vector<int> offsets(1, 0);
+            for (int b = 0; b < batch; ++b) offsets.push_back(offsets.back() + c.chunk[b]);
+            const auto queries =
+                random_rows<Query>(std::size_t(offsets.back()) * Heads::query_heads * Heads::head_dim, 3.0f, seed++);
+            std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
+            std::vector<float> lse(std::size_t(offsets.back()) * Heads::query_heads, 99.0f);
+            Backend::prefill(view, queries.data(), offsets.data(), outputs.data(), lse.data(), c.options);
+            compare(outputs, lse, reference::prefill_attention_exact(view, queries.data(), offsets.data(), c.options),
+                    what + ", prefill");
+        }
+    }
+    combination_registry::instance().add("decode", Factory::name, type, heads);
+    combination_registry::instance().add("prefill", Factory::name, type, heads);
+}
+
+/// Appends the last chunk[b] tokens of every sequence with Backend and with
+/// the reference into two identical caches and compares every stored row bit for bit.
+template <class Backend, class Factory, class Element, class Heads, class Input = Element>
+void check_append(const std::vector<context_case>& cases = standard_cases()) {
+    const std::string type = std::is_same_v<Element, float> ? "fp32" : "fp16";
+    unsigned seed = 101;
+    for (const context_case& c : cases) {
+        auto actual = Factory::template make<Element, Heads>(c, seed);
+        auto expected = Factory::template make<Element, Heads>(c, seed);
+        seed++;
+        const auto view = actual->view();
+        const auto expected_view = expected->view();
+        std::vector<int> offsets(1, 0);
+        for (int b = 0; b < view.sequence_count(); ++b) offsets.push_back(offsets.back() + c.chunk[b]);
+        const std::size_t count = std::size_t(offsets.back()) * Heads::kv_heads * Heads::head_dim;
+        const auto keys = random_rows<Input>(count, 1.0f, seed++);
+        const auto values = random_rows<Input>(count, 1.0f, seed++);
+        Backend::append(view, keys.data(), values.data(), offsets.data());
+        reference::append(expected_view, keys.data(), values.data(), offsets.data());
+        INFO(Backend::name << " append, " << Factory::name << " " << type << ", " << c.name);
+        std::size_t mismatches = 0;
+        for (int b = 0; b < view.sequence_count(); ++b)
+            for (int i = 0; i < view.visible_count(b); ++i) {
+                const int p = view.visible_position(b, i);
+                for (int h = 0; h < Heads::kv_heads; ++h)
+                    for (int d = 0; d < Heads::head_dim; ++d) {
+                        mismatches += std::memcmp(&view.key(b, h, p)[d], &expected_view.key(b, h, p)[d], sizeof(Element)) != 0;
+                        mismatches += std::memcmp(&view.value(b, h, p)[d], &expected_view.value(b, h, p)[d], sizeof(Element)) != 0;
+                    }
+            }
+        CHECK(mismatches == 0);
+    }
+    combination_registry::instance().add("append", Factory::name, type,
+                                         heads_name(Heads::query_heads, Heads::kv_heads, Heads::head_dim));
+}
+
+/// Factory of the private scatter layout.
+struct scatter_factory {
+    static constexpr const char* name = "scatter";
+    template <class Element, class Heads>
+    static std::unique_ptr<scatter_cache<Element, Heads>> make(const context_case& c, unsigned seed) {
+        return std::make_unique<scatter_cache<Element, Heads>>(c.lengths, c.window, c.sinks, c.run_length, seed, c.drop);
+    }
+};
+
+}  // namespace kvcache_test

@@ -1,0 +1,65 @@
+// The 16-byte unit of vectorised loads and stores, and its float / half lanes.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kvcache/core/config.hpp"
+#include "kvcache/core/half.hpp"
+
+namespace kvcache {
+
+/// Sixteen bytes moved by one load16 / store16 (a uint4 on the GPU). Read it
+/// as 4 floats or 8 halves with the helpers below; lane order is memory order.
+struct alignas(16) vector16 {
+    std::uint32_t words[4];  ///< the raw bytes as four little-endian words
+};
+
+/// Float lane i (0..3) of v.
+KVCACHE_HOST_DEVICE inline float vector16_float(const vector16& v, int i) noexcept {
+    float f;
+    std::memcpy(&f, &v.words[i], sizeof f);
+    return f;
+}
+
+/// Sets float lane i (0..3) of v.
+KVCACHE_HOST_DEVICE inline void set_float(vector16& v, int i, float value) noexcept {
+    std::memcpy(&v.words[i], &value, sizeof value);
+}
+
+/// Half lane i (0..7) of v; lane 2k is the low half of word k (memory order on little-endian).
+KVCACHE_HOST_DEVICE inline half vector16_half(const vector16& v, int i) noexcept {
+    const std::uint32_t word = v.words[i >> 1];
+    return half::from_bits(static_cast<std::uint16_t>((i & 1) ? (word >> 16) : (word & 0xffffu)));
+}
+
+/// Sets half lane i (0..7) of v.
+KVCACHE_HOST_DEVICE inline void set_half(vector16& v, int i, half value) noexcept {
+    const unsigned shift = (i & 1) ? 16u : 0u;
+    std::uint32_t& word = v.words[i >> 1];
+    word = (word & ~(0xffffu << shift)) | (static_cast<std::uint32_t>(value.bits) << shift);
+}
+
+/// Element lane i of v read as Element (float: 4 lanes, half: 8 lanes).
+/// @tparam Element float or kvcache::half
+template <class Element>
+KVCACHE_HOST_DEVICE inline Element vector16_get(const vector16& v, int i) noexcept {
+    if constexpr (sizeof(Element) == 4) {
+        return vector16_float(v, i);
+    } else {
+        return vector16_half(v, i);
+    }
+}
+
+/// Sets element lane i of v.
+/// @tparam Element float or kvcache::half
+template <class Element>
+KVCACHE_HOST_DEVICE inline void vector16_set(vector16& v, int i, Element value) noexcept {
+    if constexpr (sizeof(Element) == 4) {
+        set_float(v, i, value);
+    } else {
+        set_half(v, i, value);
+    }
+}
+
+}  // namespace kvcache

@@ -3,6 +3,7 @@
 // attention_backend), SwiGLU MLP, and greedy generation.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -103,11 +104,18 @@ enum class generation_mode {
     cached      ///< step 0 runs the prompt, later steps only the newest token
 };
 
-/// Greedy generation of new_tokens ids after the prompt. `progress(step)` is called after each step
-/// when set. The attention backend must match the mode (recompute_attention for recompute).
+/// Knobs of generate().
+struct generation_options {
+    bool keep_logits = false;             ///< keep every step's logits in the trace
+    int prefill_chunk = 0;                ///< cached mode: feed the prompt in chunks of at most this many tokens (0: whole)
+    std::function<void(int)> progress;    ///< called with the step index after each step, when set
+};
+
+/// Greedy generation of new_tokens ids after the prompt. The attention backend must match the
+/// mode (recompute_attention for recompute, a cache for cached).
 inline generation_trace generate(llama_model& model, const std::vector<int>& prompt, int new_tokens,
-                                 attention_backend& attention, generation_mode mode, bool keep_logits,
-                                 const std::function<void(int)>& progress = {}) {
+                                 attention_backend& attention, generation_mode mode,
+                                 const generation_options& options = {}) {
     require(!prompt.empty(), error_code::invalid_argument, "generate: the prompt is empty");
     require(new_tokens > 0, error_code::invalid_argument, "generate: new_tokens = ", new_tokens, " must be positive");
     generation_trace trace;
@@ -115,20 +123,22 @@ inline generation_trace generate(llama_model& model, const std::vector<int>& pro
     for (int step = 0; step < new_tokens; ++step) {
         auto start = std::chrono::steady_clock::now();
         std::vector<float> logits;
+        const int length = static_cast<int>(sequence.size());
         if (mode == generation_mode::recompute) {
-            logits = model.forward(sequence.data(), static_cast<int>(sequence.size()), 0, attention);
+            logits = model.forward(sequence.data(), length, 0, attention);
         } else if (step == 0) {
-            logits = model.forward(sequence.data(), static_cast<int>(sequence.size()), 0, attention);
+            int chunk = options.prefill_chunk > 0 ? options.prefill_chunk : length;
+            for (int first = 0; first < length; first += chunk)
+                logits = model.forward(&sequence[first], std::min(chunk, length - first), first, attention);
         } else {
-            int position = static_cast<int>(sequence.size()) - 1;
-            logits = model.forward(&sequence[position], 1, position, attention);
+            logits = model.forward(&sequence[length - 1], 1, length - 1, attention);
         }
         int next = argmax(logits.data(), static_cast<int>(logits.size()));
         trace.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         trace.tokens.push_back(next);
-        if (keep_logits) trace.logits.push_back(std::move(logits));
+        if (options.keep_logits) trace.logits.push_back(std::move(logits));
         sequence.push_back(next);
-        if (progress) progress(step);
+        if (options.progress) options.progress(step);
     }
     return trace;
 }

@@ -10,6 +10,14 @@
 
 using namespace kvcache::examples;
 
+namespace {
+generation_options keep_logits() {
+    generation_options o;
+    o.keep_logits = true;
+    return o;
+}
+}  // namespace
+
 TEST_CASE("matmul matches a double-precision product and is row-count invariant") {
     thread_pool pool(2);
     const int rows = 7, in = 37, out = 45;  // odd sizes exercise the tails of every loop
@@ -90,9 +98,9 @@ TEST_CASE("cached generation (naive test cache) gives the tokens of recomputatio
     llama_model model(make_random_weights(c, 11), pool);
     std::vector<int> prompt{5, 17, 3, 90, 42, 8};
     recompute_attention recompute(c, pool, kvcache::element_kind::fp32);
-    auto slow = generate(model, prompt, 10, recompute, generation_mode::recompute, true);
+    auto slow = generate(model, prompt, 10, recompute, generation_mode::recompute, keep_logits());
     testing::naive_cache_attention cache(c);
-    auto fast = generate(model, prompt, 10, cache, generation_mode::cached, true);
+    auto fast = generate(model, prompt, 10, cache, generation_mode::cached, keep_logits());
     CHECK(slow.tokens == fast.tokens);
     double worst = 0;
     for (std::size_t s = 0; s < slow.logits.size(); ++s)
@@ -103,4 +111,43 @@ TEST_CASE("cached generation (naive test cache) gives the tokens of recomputatio
     bool varied = false;
     for (int t : slow.tokens) varied |= t != slow.tokens[0];
     CHECK(varied);
+}
+
+#include "common/kvcache_attention.hpp"
+
+TEST_CASE("cached generation through every kvcache layout and element type gives recomputation's tokens") {
+    using heads = kvcache::head_config<4, 2, 16>;
+    thread_pool pool(2);
+    model_config c;
+    c.vocab_size = 97;
+    c.hidden_size = 48;
+    c.num_layers = 2;
+    c.num_query_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.intermediate_size = 80;
+    llama_model model(make_random_weights(c, 5), pool);
+    std::vector<int> prompt;
+    for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % c.vocab_size);
+    for (auto layout : {kvcache::layout_kind::contiguous, kvcache::layout_kind::paged, kvcache::layout_kind::sliding_window})
+        for (auto element : {kvcache::element_kind::fp32, kvcache::element_kind::fp16}) {
+            CAPTURE(kvcache::to_string(layout));
+            CAPTURE(kvcache::to_string(element));
+            cache_options cache;
+            cache.layout = layout;
+            cache.element = element;
+            cache.page_size = 8;
+            cache.window = 16;  // shorter than the sequence: the window really drops keys
+            cache.sinks = 2;
+            cache.prefill_chunk = 8;
+            recompute_attention recompute(c, pool, element, cache.visibility());
+            auto slow = generate(model, prompt, 12, recompute, generation_mode::recompute, keep_logits());
+            auto fast = generate_with_kvcache<heads>(model, prompt, 12, cache, keep_logits()).trace;
+            CHECK(slow.tokens == fast.tokens);
+            double worst = 0;
+            for (std::size_t s = 0; s < slow.logits.size(); ++s)
+                for (std::size_t i = 0; i < slow.logits[s].size(); ++i)
+                    worst = std::max(worst, double(std::fabs(slow.logits[s][i] - fast.logits[s][i])));
+            CHECK(worst < 1e-3);
+        }
 }

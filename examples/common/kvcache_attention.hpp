@@ -1,0 +1,130 @@
+// The cached attention path: the model's K/V go into a kvcache owner
+// (contiguous, paged or sliding window) through cpu::append, and attention
+// reads them back with cpu::prefill_attention / cpu::decode_attention.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "common/attention_backend.hpp"
+#include "common/tiny_llama.hpp"
+#include "kvcache/backend/cpu.hpp"
+#include "kvcache/cache/contiguous_cache.hpp"
+#include "kvcache/cache/paged_cache.hpp"
+#include "kvcache/cache/sliding_window_cache.hpp"
+
+namespace kvcache::examples {
+
+/// attention_backend over one sequence of a kvcache owner.
+/// @tparam Cache a kvcache owner (static_cache, paged_cache, sliding_window_cache) in host memory
+template <class Cache>
+class kvcache_attention final : public attention_backend {
+public:
+    explicit kvcache_attention(Cache& cache) : cache_(cache), batch_{cache.add_sequence()} {}
+    ~kvcache_attention() override {
+        try {
+            cache_.remove_sequence(batch_[0]);
+        } catch (...) {  // a destructor must not throw; the cache is going away with the example anyway
+        }
+    }
+    kvcache_attention(const kvcache_attention&) = delete;
+    kvcache_attention& operator=(const kvcache_attention&) = delete;
+
+    void begin_tokens(int first_position, int tokens) override {
+        int first = cache_.begin_append(batch_[0], tokens);
+        require(first == first_position, error_code::invalid_argument, "kvcache_attention: the cache is at position ",
+                first, " but the model feeds position ", first_position);
+    }
+
+    void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
+        auto view = cache_.view(layer, batch_);
+        const int offsets[2] = {0, tokens};
+        kvcache::cpu::append(view, k, v, offsets);
+        if (tokens == 1)
+            kvcache::cpu::decode_attention(view, q, out);
+        else
+            kvcache::cpu::prefill_attention(view, q, offsets, out);
+    }
+
+    sequence_id sequence() const noexcept { return batch_[0]; }
+
+private:
+    Cache& cache_;
+    std::vector<sequence_id> batch_;
+};
+
+/// Which cache the cached path uses.
+struct cache_options {
+    layout_kind layout = layout_kind::paged;
+    element_kind element = element_kind::fp32;
+    int page_size = 16;      ///< paged
+    int window = 256;        ///< sliding window: recent keys a query sees
+    int sinks = 4;           ///< sliding window: first positions kept forever
+    int prefill_chunk = 64;  ///< sliding window: the prompt goes in chunks of this many tokens
+
+    /// The visibility rule the cache applies, for the recompute path to match.
+    attention_visibility visibility() const noexcept {
+        return layout == layout_kind::sliding_window ? attention_visibility{window, sinks} : attention_visibility{};
+    }
+};
+
+/// Cached greedy generation and the cache's memory figures.
+struct cached_generation {
+    generation_trace trace;
+    std::size_t bytes_reserved = 0;  ///< cache memory allocated
+};
+
+namespace detail {
+
+template <class Cache>
+cached_generation generate_in(Cache& cache, llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                              generation_options options) {
+    cached_generation result;
+    {
+        kvcache_attention<Cache> attention(cache);
+        result.trace = generate(model, prompt, new_tokens, attention, generation_mode::cached, options);
+    }
+    result.bytes_reserved = cache.bytes_reserved();
+    return result;
+}
+
+template <class Element, class Heads>
+cached_generation generate_with_element(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                        const cache_options& cache, generation_options options) {
+    const int layers = model.config().num_layers;
+    const int total = static_cast<int>(prompt.size()) + new_tokens;
+    switch (cache.layout) {
+    case layout_kind::contiguous: {
+        static_cache<Element, Heads> owner(layers, 1, total);
+        return generate_in(owner, model, prompt, new_tokens, options);
+    }
+    case layout_kind::paged: {
+        require(cache.page_size > 0, error_code::invalid_argument, "page size ", cache.page_size, " must be positive");
+        paged_cache<Element, Heads> owner(layers, (total + cache.page_size - 1) / cache.page_size, cache.page_size,
+                                          false);
+        return generate_in(owner, model, prompt, new_tokens, options);
+    }
+    case layout_kind::sliding_window: {
+        sliding_window_cache<Element, Heads> owner(layers, 1, cache.window, cache.sinks, cache.prefill_chunk);
+        options.prefill_chunk = cache.prefill_chunk;
+        return generate_in(owner, model, prompt, new_tokens, options);
+    }
+    }
+    throw_error(error_code::invalid_argument, "unknown layout");
+}
+
+}  // namespace detail
+
+/// Greedy generation with the K/V in a kvcache owner chosen at run time.
+/// @tparam Heads the head_config matching model.config() (checked)
+template <class Heads>
+cached_generation generate_with_kvcache(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                        const cache_options& cache, const generation_options& options = {}) {
+    require(model.config().heads() == shape_of<Heads>(), error_code::invalid_argument, "model heads ",
+            model.config().heads().to_string(), " do not match the compiled head_config ", shape_of<Heads>().to_string());
+    if (cache.element == element_kind::fp16)
+        return detail::generate_with_element<half, Heads>(model, prompt, new_tokens, cache, options);
+    return detail::generate_with_element<float, Heads>(model, prompt, new_tokens, cache, options);
+}
+
+}  // namespace kvcache::examples

@@ -1,0 +1,65 @@
+// The runtime dispatcher and the presets.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <type_traits>
+
+#include "kvcache/backend/dispatch.hpp"
+#include "kvcache/backend/presets.hpp"
+
+using namespace kvcache;
+
+TEST_CASE("configuration products enumerate layouts x elements x heads, layouts outermost") {
+    static_assert(preset_configurations::size == 24);
+    static_assert(test_configurations::size == 24);
+    using list = configuration_product_t<type_list<paged_layout>, all_elements, type_list<head_config<4, 2, 8>>>;
+    static_assert(std::is_same_v<list, type_list<configuration<paged_layout, float, head_config<4, 2, 8>>,
+                                                 configuration<paged_layout, half, head_config<4, 2, 8>>>>);
+    CHECK(describe(list{}) == "paged/fp32/4q/2kv/d8, paged/fp16/4q/2kv/d8");
+}
+
+TEST_CASE("dispatch calls the function with the matching compile-time configuration") {
+    const runtime_configuration wanted{layout_kind::paged, element_kind::fp16, {32, 8, 128}};
+    const std::string chosen = dispatch(preset_configurations{}, wanted, [](auto config) {
+        using c = decltype(config);
+        static_assert(std::is_same_v<typename c::view, typename c::layout::template view<typename c::element, typename c::heads>>);
+        return runtime_of<c>().to_string() + (std::is_same_v<typename c::view, paged_view<half, head_config<32, 8, 128>>> ? " ok" : " wrong");
+    });
+    CHECK(chosen == "paged/fp16/32q/8kv/d128 ok");
+
+    int calls = 0;
+    dispatch(preset_configurations{}, {layout_kind::sliding_window, element_kind::fp32, {28, 4, 128}}, [&](auto config) {
+        calls += std::is_same_v<typename decltype(config)::view, sliding_window_view<float, head_config<28, 4, 128>>>;
+    });
+    CHECK(calls == 1);
+    CHECK(supports(preset_configurations{}, {layout_kind::contiguous, element_kind::fp32, {8, 2, 64}}));
+    CHECK_FALSE(supports(preset_configurations{}, {layout_kind::contiguous, element_kind::fp32, {8, 2, 96}}));
+}
+
+TEST_CASE("an unsupported configuration is an error listing every supported one") {
+    const runtime_configuration wanted{layout_kind::paged, element_kind::fp16, {40, 8, 128}};
+    try {
+        dispatch(preset_configurations{}, wanted, [](auto) {});
+        FAIL("dispatch accepted an unsupported configuration");
+    } catch (const error& e) {
+        CHECK(e.code() == error_code::unsupported_configuration);
+        const std::string message = e.what();
+        CHECK(message.find("paged/fp16/40q/8kv/d128") != std::string::npos);
+        for (const char* expected : {"contiguous/fp32/32q/8kv/d128", "paged/fp16/32q/32kv/d128",
+                                     "sliding_window/fp16/28q/4kv/d128", "sliding_window/fp32/8q/2kv/d64"})
+            CHECK_MESSAGE(message.find(expected) != std::string::npos, expected);
+        CHECK(message.find(describe(preset_configurations{})) != std::string::npos);
+    }
+}
+
+TEST_CASE("presets carry the published head configurations") {
+    const auto mistral = presets::find("mistral_7b");
+    CHECK(mistral.heads == head_shape{32, 8, 128});
+    CHECK(mistral.window == 4096);
+    CHECK(presets::find("llama3_8b").heads == head_shape{32, 8, 128});
+    CHECK(presets::find("llama2_7b").heads == head_shape{32, 32, 128});
+    CHECK(presets::find("qwen2_5_7b").heads.group_size() == 7);
+    CHECK(presets::find("test_model").heads == head_shape{8, 2, 64});
+    CHECK(presets::list().size() == 5);
+    CHECK_THROWS_WITH_AS(presets::find("gpt2"), doctest::Contains("llama3_8b"), error);
+}

@@ -4,6 +4,7 @@
 
 #include "kvcache/backend/cpu.hpp"
 #include "support/attention_harness.hpp"
+#include "support/layout_factories.hpp"
 
 using namespace kvcache;
 using namespace kvcache_test;
@@ -44,11 +45,25 @@ void check_all_heads() {
 TEST_CASE("cpu backend matches the reference: scatter layout, fp32") { check_all_heads<scatter_factory, float>(); }
 TEST_CASE("cpu backend matches the reference: scatter layout, fp16") { check_all_heads<scatter_factory, half>(); }
 
+TEST_CASE("cpu backend matches the reference: contiguous layout") {
+    check_all_heads<contiguous_factory, float>();
+    check_all_heads<contiguous_factory, half>();
+}
+TEST_CASE("cpu backend matches the reference: paged layout") {
+    check_all_heads<paged_factory, float>();
+    check_all_heads<paged_factory, half>();
+}
+TEST_CASE("cpu backend matches the reference: sliding-window layout") {
+    check_all_heads<sliding_window_factory, float>();
+    check_all_heads<sliding_window_factory, half>();
+}
+
 TEST_CASE("cpu backend: odd group sizes and head dim 56, mixed precision") {
     check_attention<cpu_backend, scatter_factory, half, head_config<5, 1, 56>>();
     check_attention<cpu_backend, scatter_factory, float, head_config<14, 2, 16>>();  // group 7
     check_attention<cpu_backend, scatter_factory, half, head_config<4, 2, 32>, float>();  // fp16 cache, fp32 queries
     check_append<cpu_backend, scatter_factory, half, head_config<5, 1, 56>, float>();    // fp32 rows into fp16
+    check_attention<cpu_backend, paged_factory, half, head_config<7, 1, 56>>();
 }
 
 TEST_CASE("cpu backend gives the same answer on one thread and on several, split or not") {

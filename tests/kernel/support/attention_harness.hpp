@@ -44,7 +44,7 @@ inline std::vector<context_case> standard_cases() {
     split.kv_splits = 3;
     return {
         {"short", {5, 9, 1}, 0, 0, 16, {3, 9, 1}, {}},
-        {"crossing", {37, 70}, 24, 4, 16, {20, 33}, capped},
+        {"crossing", {37, 70}, 24, 4, 12, {20, 33}, capped},
         {"long", {600, 300}, 0, 0, 16, {40, 17}, split},
         {"masked", {150, 90}, 40, 3, 8, {30, 90}, {}, false},
     };

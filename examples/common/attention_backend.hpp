@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/model_config.hpp"
+#include "common/tensor_ops.hpp"
 #include "common/thread_pool.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/layout/layout_interface.hpp"
@@ -70,9 +71,7 @@ public:
                         continue;
                     }
                     const float* krow = keys_.data() + (static_cast<std::size_t>(j) * kvh + kv) * d;
-                    float s = 0.0f;
-                    for (int i = 0; i < d; ++i) s += qrow[i] * krow[i];
-                    scores[j] = s * scale;
+                    scores[j] = dot(qrow, krow, d) * scale;
                     if (scores[j] > best) best = scores[j];
                 }
                 float total = 0.0f;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 
 #include "common/thread_pool.hpp"
 
@@ -14,29 +15,45 @@ namespace kvcache::examples {
 
 namespace detail {
 
-// Independent partial sums per lane: the compiler turns the lane loop into
-// vector instructions without reassociating any single sum.
-constexpr int dot_lanes = 8;
+// Eight independent partial sums per row, held in two 4-wide vectors (GCC/Clang
+// vector extension: SSE or NEON, AVX pairs them when enabled). No single sum
+// is ever reassociated, so results do not depend on how rows are blocked.
+typedef float float4 __attribute__((vector_size(16)));
+
+inline float4 load4(const float* p) noexcept {
+    float4 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
 
 template <int Rows>
 inline void dot_rows(const float* x, std::size_t x_stride, const float* w, int k, float* out) {
-    float acc[Rows][dot_lanes] = {};
+    float4 low[Rows], high[Rows];
+    for (int r = 0; r < Rows; ++r) low[r] = high[r] = float4{};
     int i = 0;
-    for (; i + dot_lanes <= k; i += dot_lanes) {
+    for (; i + 8 <= k; i += 8) {
+        float4 w0 = load4(w + i), w1 = load4(w + i + 4);
         for (int r = 0; r < Rows; ++r) {
-            const float* xr = x + r * x_stride + i;
-            for (int l = 0; l < dot_lanes; ++l) acc[r][l] += xr[l] * w[i + l];
+            low[r] += load4(x + r * x_stride + i) * w0;
+            high[r] += load4(x + r * x_stride + i + 4) * w1;
         }
     }
     for (int r = 0; r < Rows; ++r) {
         float tail = 0.0f;
         for (int j = i; j < k; ++j) tail += x[r * x_stride + j] * w[j];
-        float s = ((acc[r][0] + acc[r][4]) + (acc[r][1] + acc[r][5])) + ((acc[r][2] + acc[r][6]) + (acc[r][3] + acc[r][7]));
-        out[r] = s + tail;
+        float4 a = low[r] + high[r];
+        out[r] = ((a[0] + a[2]) + (a[1] + a[3])) + tail;
     }
 }
 
 }  // namespace detail
+
+/// The dot product of two float vectors of length n, in the same operation order as matmul.
+inline float dot(const float* a, const float* b, int n) {
+    float result;
+    detail::dot_rows<1>(a, 0, b, n, &result);
+    return result;
+}
 
 /// out[t][n] = sum_k in[t][k] * weight[n][k] + bias[n] (bias may be null):
 /// a row-major [rows][in_features] input times the transpose of a
@@ -71,7 +88,8 @@ inline void matmul(thread_pool& pool, const float* in, int rows, int in_features
                 }
             }
         },
-        16);
+        // Waking a worker costs microseconds: give each at least ~64K multiply-adds.
+        std::max(16, static_cast<int>(65536 / (static_cast<long long>(rows) * in_features + 1))));
 }
 
 /// out = x / sqrt(mean(x^2) + eps) * weight, for each of `rows` rows of `width`.

@@ -131,8 +131,8 @@ TEST_CASE("cached generation through every kvcache layout and element type gives
     for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % c.vocab_size);
     for (auto layout : {kvcache::layout_kind::contiguous, kvcache::layout_kind::paged, kvcache::layout_kind::sliding_window})
         for (auto element : {kvcache::element_kind::fp32, kvcache::element_kind::fp16}) {
-            CAPTURE(kvcache::to_string(layout));
-            CAPTURE(kvcache::to_string(element));
+            CAPTURE(std::string(kvcache::to_string(layout)));
+            CAPTURE(std::string(kvcache::to_string(element)));
             cache_options cache;
             cache.layout = layout;
             cache.element = element;

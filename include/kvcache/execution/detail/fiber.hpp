@@ -15,7 +15,7 @@
 
 #include "kvcache/core/error.hpp"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(KVCACHE_EMULATOR_USE_UCONTEXT)
 #define KVCACHE_EMULATOR_ASM_SWITCH 1
 #else

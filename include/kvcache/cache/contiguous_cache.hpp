@@ -1,0 +1,263 @@
+// Owners of the contiguous layout: a fixed "static" cache (slots x max
+// length, allocated once) and a "dynamic" one that grows geometrically.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kvcache/cache/owner_base.hpp"
+#include "kvcache/cache/sequence_id.hpp"
+#include "kvcache/cache/slot_store.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/core/heads.hpp"
+#include "kvcache/core/memory.hpp"
+#include "kvcache/layout/contiguous_view.hpp"
+
+namespace kvcache {
+
+/// Whether a contiguous cache may reallocate when slots or capacity run out.
+enum class contiguous_growth {
+    fixed,     ///< static cache: running out is error_code::capacity_exceeded
+    geometric  ///< dynamic cache: slots and capacity double (at least) on demand
+};
+
+/// A cache of L layers in contiguous slabs, one slot per sequence, each slot
+/// holding up to capacity() positions: [slot][kv_head][position][head_dim].
+/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Heads a head_config
+/// @tparam Memory host_memory or device_memory
+template <class Element, class Heads, class Memory = host_memory>
+class contiguous_cache : public detail::owner_base<contiguous_cache<Element, Heads, Memory>, Element, Heads> {
+    static_assert(is_element_v<Element>, "kvcache::contiguous_cache stores float or kvcache::half");
+    using base = detail::owner_base<contiguous_cache, Element, Heads>;
+    friend base;
+
+public:
+    using element_type = Element;
+    using heads = Heads;
+    using memory = Memory;
+    using view_type = contiguous_view<Element, Heads>;
+    static constexpr layout_kind kind = layout_kind::contiguous;
+
+    /// Allocates layers x slots x max_length rows (zeroed). Throws
+    /// invalid_argument for non-positive sizes, out_of_memory when allocation fails.
+    contiguous_cache(int layers, int slots, int max_length, contiguous_growth growth = contiguous_growth::fixed)
+        : growth_(growth) {
+        require(layers > 0, error_code::invalid_argument, "layers = ", layers, " must be positive");
+        require(slots > 0, error_code::invalid_argument, "slots = ", slots, " must be positive");
+        require(max_length > 0, error_code::invalid_argument, "max_length = ", max_length, " must be positive");
+        store_ = store(layers, slots, max_length);
+        free_slots_.reserve(slots);
+        for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
+    }
+
+    int layers() const noexcept { return store_.layers(); }
+    int slot_count() const noexcept { return store_.slots(); }
+    /// Positions each slot holds now (grows for the dynamic variant).
+    int capacity() const noexcept { return store_.rows(); }
+    contiguous_growth growth() const noexcept { return growth_; }
+
+    /// Adds an empty sequence; capacity_exceeded when every slot is taken
+    /// (fixed growth), or out_of_memory when growing fails.
+    sequence_id add_sequence() {
+        if (free_slots_.empty()) {
+            require(growth_ == contiguous_growth::geometric, error_code::capacity_exceeded, "all ", slot_count(),
+                    " slots of the contiguous cache are taken");
+            regrow(2 * slot_count(), capacity());
+        }
+        const int slot = free_slots_.back();
+        const sequence_id id = sequences_.insert(state{slot, 0});
+        free_slots_.pop_back();
+        return id;
+    }
+
+    /// Frees the sequence's slot; not_found for an unknown id.
+    void remove_sequence(sequence_id id) {
+        const int slot = sequences_.at(id).slot;
+        free_slots_.push_back(slot);
+        sequences_.erase(id);
+    }
+
+    bool contains(sequence_id id) const { return sequences_.contains(id); }
+    std::size_t sequence_count() const noexcept { return sequences_.size(); }
+    std::vector<sequence_id> sequences() const { return sequences_.ids(); }
+    int length(sequence_id id) const { return sequences_.at(id).length; }
+    /// Storage slot of a sequence.
+    int slot(sequence_id id) const { return sequences_.at(id).slot; }
+
+    /// Reserves n new positions at the end of the sequence and returns the
+    /// first; kernels then write their rows through view(). capacity_exceeded
+    /// names the length and capacity when a fixed slot would overflow.
+    int begin_append(sequence_id id, int n) {
+        detail::require_count(n, "n_tokens");
+        state& s = sequences_.at(id);
+        if (n > capacity() - s.length) {
+            require(growth_ == contiguous_growth::geometric, error_code::capacity_exceeded, "append of ", n,
+                    " tokens to sequence ", id, " (length ", s.length, ") exceeds the slot capacity ", capacity());
+            require(n <= 0x7fffffff - s.length, error_code::capacity_exceeded, "length ", s.length, " + ", n,
+                    " overflows int");
+            const std::int64_t wanted = std::max<std::int64_t>(std::int64_t(s.length) + n, 2 * std::int64_t(capacity()));
+            regrow(slot_count(), static_cast<int>(std::min<std::int64_t>(wanted, 0x7fffffff)));
+        }
+        const int first = s.length;
+        s.length += n;
+        return first;
+    }
+
+    /// Writes rows of positions [first, first + n) of one layer from host
+    /// arrays [token][kv_head][head_dim]; the positions must be below length().
+    void write(sequence_id id, int layer, int first, const Element* keys, const Element* values, int n) {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        base::check_range(id, first, n, s.length);
+        store_.write(layer, s.slot, first, keys, values, n);
+    }
+
+    /// Reads rows of positions [first, first + n) of one layer into host arrays.
+    void read(sequence_id id, int layer, int first, int n, Element* keys, Element* values) const {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        base::check_range(id, first, n, s.length);
+        store_.read(layer, s.slot, first, n, keys, values);
+    }
+
+    /// Shortens the sequence to new_length; out_of_range when past the end.
+    void truncate(sequence_id id, int new_length) {
+        state& s = sequences_.at(id);
+        require(new_length >= 0 && new_length <= s.length, error_code::out_of_range, "truncate of sequence ", id,
+                " to ", new_length, " is outside [0, ", s.length, "]");
+        s.length = new_length;
+    }
+
+    /// A new sequence with a copy of id's rows (contiguous slots share nothing).
+    sequence_id fork(sequence_id id) {
+        const int parent_length = sequences_.at(id).length;
+        const sequence_id child = add_sequence();
+        state& c = sequences_.at(child);
+        store_.copy_slot(store_, sequences_.at(id).slot, c.slot, parent_length);
+        c.length = parent_length;
+        return child;
+    }
+
+    /// Positions a kernel may read: all of [0, length).
+    std::vector<int> present_positions(sequence_id id) const {
+        std::vector<int> out(length(id));
+        for (int i = 0; i < static_cast<int>(out.size()); ++i) out[i] = i;
+        return out;
+    }
+
+    /// The view of one layer over a batch (batch slot i is batch[i]). It stays
+    /// valid until the cache changes or a view of a different batch is made.
+    view_type view(int layer, const std::vector<sequence_id>& batch) {
+        this->check_layer(layer);
+        sequences_.require_all(batch);
+        std::vector<int> table(2 * batch.size());
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            table[i] = sequences_.at(batch[i]).length;
+            table[batch.size() + i] = sequences_.at(batch[i]).slot;
+        }
+        const int* device_table = table_.upload(table);
+        const int n = static_cast<int>(batch.size());
+        return view_type::packed(store_.keys(layer), store_.values(layer), device_table,
+                                 device_table ? device_table + n : nullptr, n, capacity());
+    }
+
+    /// Bytes of every slab, used or not.
+    std::size_t bytes_reserved() const noexcept { return store_.bytes(); }
+    /// Bytes holding rows of live positions.
+    std::size_t bytes_used() const noexcept {
+        std::size_t rows = 0;
+        for (const auto& entry : sequences_) rows += entry.second.length;
+        return rows * layers() * 2 * Heads::kv_heads * Heads::head_dim * sizeof(Element);
+    }
+
+private:
+    struct state {
+        int slot = 0;
+        int length = 0;
+    };
+    using store = detail::slot_store<Element, Heads, Memory>;
+
+    std::vector<std::int32_t> tokens_of(sequence_id) const { return {}; }
+
+    detail::file_header header() const {
+        detail::file_header h;
+        h.layout = kind;
+        h.element = element_traits<Element>::kind;
+        h.heads = shape_of<Heads>();
+        h.layers = layers();
+        return h;
+    }
+
+    /// Allocates the new store first, so a failure leaves everything as it was.
+    void regrow(int slots, int rows) {
+        store grown(layers(), slots, rows);
+        for (const auto& entry : sequences_) grown.copy_slot(store_, entry.second.slot, entry.second.slot, entry.second.length);
+        for (int s = slots - 1; s >= store_.slots(); --s) free_slots_.insert(free_slots_.begin(), s);
+        store_ = std::move(grown);
+    }
+
+    std::vector<sequence_id> restore(const std::vector<detail::sequence_record<Element>>& records) {
+        int longest = 0;
+        for (const auto& r : records) {
+            require(static_cast<int>(r.positions.size()) == r.length, error_code::format_error,
+                    "a contiguous record of length ", r.length, " must hold every position, it holds ",
+                    r.positions.size());
+            longest = std::max(longest, r.length);
+        }
+        const int slots_needed = static_cast<int>(records.size());
+        const int free = static_cast<int>(free_slots_.size());
+        if (growth_ == contiguous_growth::fixed) {
+            require(slots_needed <= free, error_code::capacity_exceeded, "loading ", slots_needed,
+                    " sequences needs as many slots, ", free, " are free");
+            require(longest <= capacity(), error_code::capacity_exceeded, "saved length ", longest,
+                    " exceeds the slot capacity ", capacity());
+        } else if (slots_needed > free || longest > capacity()) {
+            regrow(std::max(slot_count(), static_cast<int>(sequences_.size()) + slots_needed),
+                   std::max(capacity(), longest));
+        }
+        std::vector<sequence_id> ids;
+        for (const auto& r : records) {
+            const sequence_id id = add_sequence();
+            ids.push_back(id);
+            begin_append(id, r.length);
+            for (int l = 0; l < layers(); ++l) write(id, l, 0, r.keys[l].data(), r.values[l].data(), r.length);
+        }
+        return ids;
+    }
+
+    contiguous_growth growth_;
+    store store_;
+    std::vector<int> free_slots_;  // a stack: the lowest slot is used first
+    detail::sequence_registry<state> sequences_;
+    detail::index_table<Memory> table_;
+};
+
+/// The static cache: a contiguous cache that never reallocates.
+/// @tparam Element stored element type
+/// @tparam Heads a head_config
+/// @tparam Memory host_memory or device_memory
+template <class Element, class Heads, class Memory = host_memory>
+class static_cache : public contiguous_cache<Element, Heads, Memory> {
+public:
+    /// layers x slots x max_length rows, allocated once.
+    static_cache(int layers, int slots, int max_length)
+        : contiguous_cache<Element, Heads, Memory>(layers, slots, max_length, contiguous_growth::fixed) {}
+};
+
+/// The dynamic cache: a contiguous cache whose slots and capacity grow
+/// geometrically (every row moves on growth; views made before are stale).
+/// @tparam Element stored element type
+/// @tparam Heads a head_config
+/// @tparam Memory host_memory or device_memory
+template <class Element, class Heads, class Memory = host_memory>
+class dynamic_cache : public contiguous_cache<Element, Heads, Memory> {
+public:
+    /// Starts with layers x initial_slots x initial_length rows.
+    dynamic_cache(int layers, int initial_slots = 1, int initial_length = 64)
+        : contiguous_cache<Element, Heads, Memory>(layers, initial_slots, initial_length,
+                                                   contiguous_growth::geometric) {}
+};
+
+}  // namespace kvcache

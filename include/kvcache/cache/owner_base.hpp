@@ -1,0 +1,139 @@
+// What every cache owner offers on top of its own primitives: the host-side
+// append convenience, keep_only, and save/load to streams and files.
+#pragma once
+
+#include <cstdint>
+#include <istream>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "kvcache/cache/sequence_id.hpp"
+#include "kvcache/cache/serialization.hpp"
+
+namespace kvcache {
+namespace detail {
+
+/// CRTP base of the owners. Derived provides layers(), header(), sequences(),
+/// contains(), length(), present_positions(), tokens_of(), read(), write(),
+/// begin_append(), remove_sequence() and restore(records) (all-or-nothing).
+/// @tparam Derived the owner
+/// @tparam Element stored element type
+/// @tparam Heads a head_config
+template <class Derived, class Element, class Heads>
+class owner_base {
+public:
+    /// Appends n tokens' rows for one layer from host arrays laid out
+    /// [token][kv_head][head_dim]. Layer 0 opens the step: it reserves n new
+    /// positions for every layer (begin_append) and writes its rows; layers
+    /// 1..L-1 then fill those same last n positions. Throws on a bad layer,
+    /// n, or (layer > 0) n larger than the sequence; nothing changes then.
+    void append(sequence_id id, int layer, const Element* keys, const Element* values, int n) {
+        Derived& self = derived();
+        check_layer(layer);
+        require_count(n, "n_tokens");
+        if (layer == 0) {
+            // begin_append checks capacity first; a failing write afterwards
+            // would be a device fault, not bad input.
+            const int first = self.begin_append(id, n);
+            try {
+                self.write(id, 0, first, keys, values, n);
+            } catch (...) {
+                self.truncate(id, first);
+                throw;
+            }
+        } else {
+            const int length = self.length(id);
+            require(n <= length, error_code::out_of_range, "append of ", n, " tokens to layer ", layer,
+                    " of sequence ", id, " exceeds the ", length, " positions layer 0 reserved");
+            self.write(id, layer, length - n, keys, values, n);
+        }
+    }
+
+    /// Removes every sequence not in keep; throws not_found (and removes
+    /// nothing) when an id in keep is unknown.
+    void keep_only(const std::vector<sequence_id>& keep) {
+        Derived& self = derived();
+        for (sequence_id id : keep) (void)self.length(id);
+        for (sequence_id id : self.sequences())
+            if (std::find(keep.begin(), keep.end(), id) == keep.end()) self.remove_sequence(id);
+    }
+
+    /// Saves every sequence (see serialization.hpp for the format).
+    void save(std::ostream& out) const { save(out, derived().sequences()); }
+
+    /// Saves the given sequences; throws not_found before writing anything
+    /// when one is unknown.
+    void save(std::ostream& out, const std::vector<sequence_id>& ids) const {
+        const Derived& self = derived();
+        for (sequence_id id : ids) (void)self.length(id);
+        std::vector<sequence_record<Element>> records;
+        constexpr std::size_t row = std::size_t(Heads::kv_heads) * Heads::head_dim;
+        for (sequence_id id : ids) {
+            sequence_record<Element> rec;
+            rec.length = self.length(id);
+            rec.positions = self.present_positions(id);
+            rec.tokens = self.tokens_of(id);
+            const std::size_t present = rec.positions.size();
+            rec.keys.assign(self.layers(), std::vector<Element>(present * row));
+            rec.values.assign(self.layers(), std::vector<Element>(present * row));
+            for (int l = 0; l < self.layers(); ++l) {
+                std::size_t i = 0;
+                while (i < present) {  // one read per run of consecutive positions
+                    std::size_t j = i + 1;
+                    while (j < present && rec.positions[j] == rec.positions[j - 1] + 1) ++j;
+                    self.read(id, l, rec.positions[i], static_cast<int>(j - i), rec.keys[l].data() + i * row,
+                              rec.values[l].data() + i * row);
+                    i = j;
+                }
+            }
+            records.push_back(std::move(rec));
+        }
+        write_file(out, self.header(), records);
+    }
+
+    /// Loads every sequence of a saved file as new sequences and returns their
+    /// ids in file order. The whole file is read and checked (magic, version,
+    /// configuration, checksum) before the cache changes; on any error the
+    /// cache is unchanged.
+    std::vector<sequence_id> load(std::istream& in) {
+        auto records = read_file<Element>(in, derived().header());
+        return derived().restore(records);
+    }
+
+    /// save(stream) to a file.
+    void save_file(const std::string& path) const {
+        auto out = open_for_save(path);
+        save(out);
+    }
+    /// save(stream, ids) to a file.
+    void save_file(const std::string& path, const std::vector<sequence_id>& ids) const {
+        auto out = open_for_save(path);
+        save(out, ids);
+    }
+    /// load(stream) from a file.
+    std::vector<sequence_id> load_file(const std::string& path) {
+        auto in = open_for_load(path);
+        return load(in);
+    }
+
+protected:
+    void check_layer(int layer) const {
+        const int layers = derived().layers();
+        require(layer >= 0 && layer < layers, error_code::out_of_range, "layer ", layer, " is outside [0, ", layers,
+                ")");
+    }
+    /// Throws unless [first, first + n) lies inside [0, length).
+    static void check_range(sequence_id id, int first, int n, int length) {
+        require_count(n, "n_tokens");
+        require(first >= 0 && first <= length && n <= length - first, error_code::out_of_range, "positions [", first,
+                ", ", std::int64_t(first) + n, ") of sequence ", id, " are outside its length ", length);
+    }
+
+private:
+    Derived& derived() { return static_cast<Derived&>(*this); }
+    const Derived& derived() const { return static_cast<const Derived&>(*this); }
+};
+
+}  // namespace detail
+}  // namespace kvcache

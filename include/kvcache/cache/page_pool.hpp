@@ -1,0 +1,162 @@
+// Bookkeeping of a pool of pages: free list, reference counts, and the
+// prefix index (full pages keyed by a chained hash of their token ids) with
+// least-recently-used eviction of cached pages nobody references.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvcache/core/error.hpp"
+
+namespace kvcache {
+
+/// Counters and sizes of a paged cache.
+struct pool_statistics {
+    int pages_total = 0;      ///< pages in the pool
+    int pages_used = 0;       ///< pages referenced by at least one sequence
+    int pages_free = 0;       ///< pages on the free list
+    int pages_cached = 0;     ///< pages in the prefix index (referenced or not)
+    int pages_evictable = 0;  ///< cached pages nobody references: reusable on demand
+    std::uint64_t prefix_queried_pages = 0;  ///< full pages offered to match_prefix
+    std::uint64_t prefix_hit_pages = 0;      ///< of those, pages found in the index and shared
+    std::uint64_t evictions = 0;             ///< cached pages reclaimed for new data
+    std::uint64_t copies = 0;                ///< pages copied on write
+    std::size_t bytes_reserved = 0;          ///< bytes of every page of every layer
+    std::size_t bytes_used = 0;              ///< bytes of referenced pages
+    std::size_t bytes_cached = 0;            ///< bytes of evictable cached pages
+
+    /// Hit pages / queried pages (0 before any query).
+    double hit_rate() const noexcept {
+        return prefix_queried_pages ? double(prefix_hit_pages) / double(prefix_queried_pages) : 0.0;
+    }
+};
+
+namespace detail {
+
+/// The chained hash of a full page: mixes the parent page's hash with the
+/// page's token ids, so equal pages after different prefixes differ.
+inline std::uint64_t chain_hash(std::uint64_t parent, const std::int32_t* tokens, int count) noexcept {
+    std::uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < count; ++i) {
+        h ^= static_cast<std::uint32_t>(tokens[i]);
+        h *= 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
+    }
+    h ^= static_cast<std::uint64_t>(count) * 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    return h;
+}
+inline constexpr std::uint64_t root_hash = 0x6b76636163686521ull;  // hash "parent" of a first page
+
+/// Page ids 0..N-1 with reference counts; cached pages stay indexed by hash
+/// after their last reference goes, until evicted. Strong guarantee: each
+/// operation checks before it changes anything.
+class page_pool {
+public:
+    page_pool() = default;
+    explicit page_pool(int pages) : info_(pages) {
+        free_.reserve(pages);
+        for (int p = pages - 1; p >= 0; --p) free_.push_back(p);
+    }
+
+    int size() const noexcept { return static_cast<int>(info_.size()); }
+    int free_count() const noexcept { return static_cast<int>(free_.size()); }
+    int evictable_count() const noexcept { return static_cast<int>(lru_.size()); }
+    /// Pages allocate() can still hand out: free plus evictable.
+    int available() const noexcept { return free_count() + evictable_count(); }
+    int references(int page) const { return info_.at(page).references; }
+    bool cached(int page) const { return info_.at(page).cached; }
+    /// True when writing into the page would change what someone else sees.
+    bool shared(int page) const { return info_[page].references > 1 || info_[page].cached; }
+    int cached_count() const noexcept { return static_cast<int>(index_.size()); }
+    std::uint64_t evictions() const noexcept { return evictions_; }
+
+    /// A page with one reference: from the free list, else the least recently
+    /// used evictable cached page. capacity_exceeded when neither is left.
+    int allocate() {
+        if (free_.empty()) {
+            require(!lru_.empty(), error_code::capacity_exceeded, "page pool of ", size(),
+                    " pages has no free page and no evictable cached page");
+            const int victim = lru_.begin()->second;
+            uncache(victim);
+            ++evictions_;
+            free_.push_back(victim);
+        }
+        const int page = free_.back();
+        free_.pop_back();
+        info_[page].references = 1;
+        return page;
+    }
+
+    void retain(int page) {
+        page_info& p = info_[page];
+        if (p.references == 0 && p.cached) lru_.erase({p.last_use, page});
+        ++p.references;
+    }
+
+    /// Drops a reference; a page nobody references goes back to the free list,
+    /// or, if cached, becomes evictable (most recently used last).
+    void release(int page) {
+        page_info& p = info_[page];
+        if (--p.references > 0) return;
+        if (p.cached) {
+            p.last_use = ++clock_;
+            lru_.insert({p.last_use, page});
+        } else {
+            free_.push_back(page);
+        }
+    }
+
+    /// Enters a full page in the prefix index under its chained hash, unless
+    /// an equal page is already there.
+    void publish(int page, std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count) {
+        page_info& p = info_[page];
+        if (p.cached || index_.count(hash)) return;
+        p.cached = true;
+        p.hash = hash;
+        p.parent = parent;
+        p.tokens.assign(tokens, tokens + count);
+        index_.emplace(hash, page);
+    }
+
+    /// The cached page for (parent, tokens), or -1. The tokens and parent
+    /// hash are compared too, so a hash collision is a miss, not wrong data.
+    int find(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count) const {
+        auto found = index_.find(hash);
+        if (found == index_.end()) return -1;
+        const page_info& p = info_[found->second];
+        if (p.parent != parent || static_cast<int>(p.tokens.size()) != count ||
+            !std::equal(p.tokens.begin(), p.tokens.end(), tokens))
+            return -1;
+        return found->second;
+    }
+
+private:
+    struct page_info {
+        int references = 0;
+        bool cached = false;
+        std::uint64_t hash = 0, parent = 0, last_use = 0;
+        std::vector<std::int32_t> tokens;
+    };
+
+    void uncache(int page) {
+        page_info& p = info_[page];
+        lru_.erase({p.last_use, page});
+        index_.erase(p.hash);
+        p.cached = false;
+        p.tokens.clear();
+    }
+
+    std::vector<page_info> info_;
+    std::vector<int> free_;  // a stack
+    std::unordered_map<std::uint64_t, int> index_;
+    std::set<std::pair<std::uint64_t, int>> lru_;  // (last use, page) of unreferenced cached pages
+    std::uint64_t clock_ = 0, evictions_ = 0;
+};
+
+}  // namespace detail
+}  // namespace kvcache

@@ -1,0 +1,369 @@
+// Owner of the paged layout: per layer a pool of pages (head-major inside),
+// one page table per sequence (the same page ids in every layer), copy on
+// write for shared pages, and a prefix cache of full pages.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kvcache/cache/owner_base.hpp"
+#include "kvcache/cache/page_pool.hpp"
+#include "kvcache/cache/row_transfer.hpp"
+#include "kvcache/cache/sequence_id.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/core/heads.hpp"
+#include "kvcache/core/memory.hpp"
+#include "kvcache/layout/paged_view.hpp"
+
+namespace kvcache {
+
+/// A paged cache of L layers. A sequence's position p lives in its page
+/// p / page_size at row p % page_size; pages are reference counted, so forks
+/// and prefix hits share them, and a write into a shared page copies it first.
+///
+/// Prefix cache: give token ids to begin_append()/append(); once a page is
+/// full and its rows written (at the sequence's next begin_append, publish()
+/// or remove_sequence()), it is indexed by the chained hash of its tokens.
+/// match_prefix() on a new sequence shares the longest run of indexed pages.
+/// Unreferenced indexed pages stay until the pool runs short (LRU eviction).
+/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Heads a head_config
+/// @tparam Memory host_memory or device_memory
+template <class Element, class Heads, class Memory = host_memory>
+class paged_cache : public detail::owner_base<paged_cache<Element, Heads, Memory>, Element, Heads> {
+    static_assert(is_element_v<Element>, "kvcache::paged_cache stores float or kvcache::half");
+    using base = detail::owner_base<paged_cache, Element, Heads>;
+    using buffer = typename Memory::template buffer<Element>;
+    friend base;
+
+public:
+    using element_type = Element;
+    using heads = Heads;
+    using memory = Memory;
+    using view_type = paged_view<Element, Heads>;
+    static constexpr layout_kind kind = layout_kind::paged;
+
+    /// A pool of `pages` pages of page_size tokens in each of `layers` layers.
+    /// Any page_size >= 1 works; powers of two make the index math a shift.
+    paged_cache(int layers, int pages, int page_size, bool prefix_caching = true)
+        : layers_(layers), page_size_(page_size), prefix_caching_(prefix_caching) {
+        require(layers > 0, error_code::invalid_argument, "layers = ", layers, " must be positive");
+        require(pages > 0, error_code::invalid_argument, "pages = ", pages, " must be positive");
+        require(page_size > 0, error_code::invalid_argument, "page_size = ", page_size, " must be positive");
+        const std::size_t elements = detail::checked_bytes(std::size_t(pages), std::size_t(page_elements()));
+        for (int l = 0; l < layers; ++l) {
+            keys_.emplace_back(elements);
+            values_.emplace_back(elements);
+        }
+        pool_ = detail::page_pool(pages);
+    }
+
+    int layers() const noexcept { return layers_; }
+    int page_size() const noexcept { return page_size_; }
+    int page_count() const noexcept { return pool_.size(); }
+    bool prefix_caching() const noexcept { return prefix_caching_; }
+    /// Elements of one page's key (or value) plane: kv_heads * page_size * head_dim.
+    std::int64_t page_elements() const noexcept { return std::int64_t(Heads::kv_heads) * page_size_ * Heads::head_dim; }
+
+    /// Adds an empty sequence (no page yet).
+    sequence_id add_sequence() { return sequences_.insert(state{}); }
+
+    /// Drops the sequence's page references (publishing its full pages first,
+    /// so a finished request's prefix stays cached); not_found for an unknown id.
+    void remove_sequence(sequence_id id) {
+        state& s = sequences_.at(id);
+        publish_pages(s, s.length);
+        for (int page : s.pages) pool_.release(page);
+        sequences_.erase(id);
+    }
+
+    bool contains(sequence_id id) const { return sequences_.contains(id); }
+    std::size_t sequence_count() const noexcept { return sequences_.size(); }
+    std::vector<sequence_id> sequences() const { return sequences_.ids(); }
+    int length(sequence_id id) const { return sequences_.at(id).length; }
+    /// The sequence's page ids in position order.
+    const std::vector<int>& pages(sequence_id id) const { return sequences_.at(id).pages; }
+    /// References held on a page (forks and prefix hits share pages).
+    int page_references(int page) const { return pool_.references(page); }
+
+    /// Reserves n new positions and returns the first; pages are allocated
+    /// (evicting cached pages if needed) and a shared, partly filled last page
+    /// is copied first. capacity_exceeded, with nothing changed, when the pool
+    /// cannot supply the pages even after eviction.
+    int begin_append(sequence_id id, int n) { return append_positions(id, n, nullptr, 0); }
+
+    /// begin_append() recording the new positions' token ids for the prefix
+    /// cache; token_ids.size() must be n.
+    int begin_append(sequence_id id, int n, const std::vector<std::int32_t>& token_ids) {
+        require(static_cast<int>(token_ids.size()) == n, error_code::invalid_argument, "begin_append of ", n,
+                " tokens got ", token_ids.size(), " token ids");
+        return append_positions(id, n, token_ids.data(), n);
+    }
+
+    using base::append;
+    /// append() for layer 0 that also records the token ids (see begin_append).
+    void append(sequence_id id, const Element* keys, const Element* values, const std::vector<std::int32_t>& token_ids) {
+        const int n = static_cast<int>(token_ids.size());
+        const int first = begin_append(id, n, token_ids);
+        try {
+            write(id, 0, first, keys, values, n);
+        } catch (...) {
+            truncate(id, first);
+            throw;
+        }
+    }
+
+    /// Shares the longest run of cached full pages matching token_ids with
+    /// the empty sequence id, and returns the tokens covered (a multiple of
+    /// page_size). invalid_argument when the sequence is not empty.
+    int match_prefix(sequence_id id, const std::vector<std::int32_t>& token_ids) {
+        state& s = sequences_.at(id);
+        require(s.length == 0, error_code::invalid_argument, "match_prefix needs an empty sequence; sequence ", id,
+                " has length ", s.length);
+        const int full = static_cast<int>(token_ids.size()) / page_size_;
+        queried_ += full;
+        if (!prefix_caching_) return 0;
+        std::uint64_t parent = detail::root_hash;
+        for (int i = 0; i < full; ++i) {
+            const std::int32_t* tokens = token_ids.data() + std::size_t(i) * page_size_;
+            const std::uint64_t hash = detail::chain_hash(parent, tokens, page_size_);
+            const int page = pool_.find(hash, parent, tokens, page_size_);
+            if (page < 0) break;
+            pool_.retain(page);
+            s.pages.push_back(page);
+            s.hashes.push_back(hash);
+            parent = hash;
+        }
+        const int matched = static_cast<int>(s.pages.size());
+        hits_ += matched;
+        s.length = matched * page_size_;
+        s.tokens.assign(token_ids.begin(), token_ids.begin() + s.length);
+        return s.length;
+    }
+
+    /// Indexes the sequence's full pages whose token ids are known; call after
+    /// their rows are written (begin_append and remove_sequence do it for
+    /// pages finished in earlier steps).
+    void publish(sequence_id id) {
+        state& s = sequences_.at(id);
+        publish_pages(s, s.length);
+    }
+
+    /// Writes rows of positions [first, first + n) of one layer from host
+    /// arrays [token][kv_head][head_dim]; shared pages touched are copied
+    /// first (capacity_exceeded, with nothing changed, if no page is left).
+    void write(sequence_id id, int layer, int first, const Element* keys, const Element* values, int n) {
+        this->check_layer(layer);
+        state& s = sequences_.at(id);
+        base::check_range(id, first, n, s.length);
+        if (n == 0) return;
+        const int first_page = first / page_size_, last_page = (first + n - 1) / page_size_;
+        int copies = 0;
+        for (int i = first_page; i <= last_page; ++i) copies += pool_.shared(s.pages[i]) ? 1 : 0;
+        require_pages(copies, id);
+        for (int i = first_page; i <= last_page; ++i)
+            if (pool_.shared(s.pages[i])) make_private(s, i);
+        for (int done = 0; done < n;) {
+            const int p = first + done, row = p % page_size_;
+            const int count = std::min(page_size_ - row, n - done);
+            const std::int64_t at = s.pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
+            const std::size_t src = std::size_t(done) * Heads::kv_heads * Heads::head_dim;
+            const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
+            detail::scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride, keys + src, count);
+            detail::scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride, values + src, count);
+            done += count;
+        }
+    }
+
+    /// Reads rows of positions [first, first + n) of one layer into host arrays.
+    void read(sequence_id id, int layer, int first, int n, Element* keys, Element* values) const {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        base::check_range(id, first, n, s.length);
+        for (int done = 0; done < n;) {
+            const int p = first + done, row = p % page_size_;
+            const int count = std::min(page_size_ - row, n - done);
+            const std::int64_t at = s.pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
+            const std::size_t dst = std::size_t(done) * Heads::kv_heads * Heads::head_dim;
+            const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
+            detail::gather_rows<Element, Heads, Memory>(keys + dst, keys_[layer].data() + at, head_stride, count);
+            detail::gather_rows<Element, Heads, Memory>(values + dst, values_[layer].data() + at, head_stride, count);
+            done += count;
+        }
+    }
+
+    /// Shortens the sequence, releasing pages past the new end; out_of_range
+    /// when new_length is past the end.
+    void truncate(sequence_id id, int new_length) {
+        state& s = sequences_.at(id);
+        require(new_length >= 0 && new_length <= s.length, error_code::out_of_range, "truncate of sequence ", id,
+                " to ", new_length, " is outside [0, ", s.length, "]");
+        const std::size_t keep = pages_for(new_length);
+        for (std::size_t i = keep; i < s.pages.size(); ++i) pool_.release(s.pages[i]);
+        s.pages.resize(keep);
+        s.tokens.resize(std::min<std::size_t>(s.tokens.size(), new_length));
+        s.hashes.resize(std::min<std::size_t>(s.hashes.size(), new_length / page_size_));
+        s.length = new_length;
+    }
+
+    /// A new sequence sharing every page of id (reference counts + 1); the
+    /// first write into a shared page by either side copies that page.
+    sequence_id fork(sequence_id id) {
+        state child = sequences_.at(id);
+        for (int page : child.pages) pool_.retain(page);
+        return sequences_.insert(std::move(child));
+    }
+
+    /// Positions a kernel may read: all of [0, length).
+    std::vector<int> present_positions(sequence_id id) const {
+        std::vector<int> out(length(id));
+        for (int i = 0; i < static_cast<int>(out.size()); ++i) out[i] = i;
+        return out;
+    }
+
+    /// The view of one layer over a batch, with the CSR page table in the
+    /// cache's memory space. Valid until the cache changes or a view of a
+    /// different batch is made (every layer's view of one batch shares the table).
+    view_type view(int layer, const std::vector<sequence_id>& batch) {
+        this->check_layer(layer);
+        sequences_.require_all(batch);
+        const std::size_t n = batch.size();
+        std::vector<int> table(2 * n + 1);  // lengths[n], offsets[n + 1], page ids...
+        for (std::size_t i = 0; i < n; ++i) {
+            const state& s = sequences_.at(batch[i]);
+            table[i] = s.length;
+            table[n + 1 + i] = table[n + i] + static_cast<int>(s.pages.size());
+            table.insert(table.end(), s.pages.begin(), s.pages.end());
+        }
+        const int* t = table_.upload(table);
+        return view_type::packed(keys_[layer].data(), values_[layer].data(), t + n, t + 2 * n + 1, t,
+                                 static_cast<int>(n), page_size_);
+    }
+
+    /// Pages, prefix-cache counters and bytes.
+    pool_statistics statistics() const {
+        pool_statistics st;
+        st.pages_total = pool_.size();
+        st.pages_free = pool_.free_count();
+        st.pages_evictable = pool_.evictable_count();
+        st.pages_used = st.pages_total - st.pages_free - st.pages_evictable;
+        st.pages_cached = pool_.cached_count();
+        st.prefix_queried_pages = queried_;
+        st.prefix_hit_pages = hits_;
+        st.evictions = pool_.evictions();
+        st.copies = copies_;
+        const std::size_t page_bytes = std::size_t(layers_) * 2 * std::size_t(page_elements()) * sizeof(Element);
+        st.bytes_reserved = page_bytes * st.pages_total;
+        st.bytes_used = page_bytes * st.pages_used;
+        st.bytes_cached = page_bytes * st.pages_evictable;
+        return st;
+    }
+    std::size_t bytes_reserved() const { return statistics().bytes_reserved; }
+    std::size_t bytes_used() const { return statistics().bytes_used; }
+
+private:
+    struct state {
+        int length = 0;
+        std::vector<int> pages;
+        std::vector<std::int32_t> tokens;  // token ids of positions [0, tokens.size()); later ones unknown
+        std::vector<std::uint64_t> hashes; // chained hash of each full page with known tokens
+    };
+
+    std::size_t pages_for(int length) const { return (std::size_t(length) + page_size_ - 1) / page_size_; }
+
+    void require_pages(int needed, sequence_id id) const {
+        require(needed <= pool_.available(), error_code::capacity_exceeded, "sequence ", id, " needs ", needed,
+                " pages; the pool of ", pool_.size(), " has ", pool_.free_count(), " free and ",
+                pool_.evictable_count(), " evictable");
+    }
+
+    int append_positions(sequence_id id, int n, const std::int32_t* tokens, int token_count) {
+        detail::require_count(n, "n_tokens");
+        state& s = sequences_.at(id);
+        require(n <= 0x7fffffff - s.length, error_code::capacity_exceeded, "length ", s.length, " + ", n,
+                " overflows int");
+        const int old = s.length;
+        const int needed = static_cast<int>(pages_for(old + n) - s.pages.size());
+        const bool copy_last = n > 0 && old % page_size_ != 0 && pool_.shared(s.pages.back());
+        require_pages(needed + (copy_last ? 1 : 0), id);
+        publish_pages(s, old);  // rows below the old length were written in earlier steps
+        if (copy_last) make_private(s, static_cast<int>(s.pages.size()) - 1);
+        for (int i = 0; i < needed; ++i) s.pages.push_back(pool_.allocate());
+        if (static_cast<int>(s.tokens.size()) == old) s.tokens.insert(s.tokens.end(), tokens, tokens + token_count);
+        s.length = old + n;
+        return old;
+    }
+
+    /// Indexes full pages below `written` whose token ids are known.
+    void publish_pages(state& s, int written) {
+        const int full = std::min<int>(written, static_cast<int>(s.tokens.size())) / page_size_;
+        for (int i = static_cast<int>(s.hashes.size()); i < full; ++i) {
+            const std::uint64_t parent = i ? s.hashes[i - 1] : detail::root_hash;
+            const std::int32_t* tokens = s.tokens.data() + std::size_t(i) * page_size_;
+            const std::uint64_t hash = detail::chain_hash(parent, tokens, page_size_);
+            if (prefix_caching_) pool_.publish(s.pages[i], hash, parent, tokens, page_size_);
+            s.hashes.push_back(hash);
+        }
+    }
+
+    /// Replaces page i of s by a private copy (every layer).
+    void make_private(state& s, int i) {
+        const int old = s.pages[i];
+        const int fresh = pool_.allocate();
+        const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
+        for (int l = 0; l < layers_; ++l) {
+            Memory::copy_within(keys_[l].data() + fresh * page_elements(), keys_[l].data() + old * page_elements(), bytes);
+            Memory::copy_within(values_[l].data() + fresh * page_elements(), values_[l].data() + old * page_elements(),
+                                bytes);
+        }
+        pool_.release(old);
+        s.pages[i] = fresh;
+        ++copies_;
+    }
+
+    std::vector<std::int32_t> tokens_of(sequence_id id) const { return sequences_.at(id).tokens; }
+
+    detail::file_header header() const {
+        detail::file_header h;
+        h.layout = kind;
+        h.element = element_traits<Element>::kind;
+        h.heads = shape_of<Heads>();
+        h.layers = layers_;
+        h.parameters[0] = page_size_;
+        return h;
+    }
+
+    std::vector<sequence_id> restore(const std::vector<detail::sequence_record<Element>>& records) {
+        std::size_t needed = 0;
+        for (const auto& r : records) {
+            require(static_cast<int>(r.positions.size()) == r.length, error_code::format_error,
+                    "a paged record of length ", r.length, " must hold every position, it holds ",
+                    r.positions.size());
+            needed += pages_for(r.length);
+        }
+        require(needed <= std::size_t(pool_.available()), error_code::capacity_exceeded, "loading needs ", needed,
+                " pages; the pool of ", pool_.size(), " has ", pool_.free_count(), " free and ",
+                pool_.evictable_count(), " evictable");
+        std::vector<sequence_id> ids;
+        for (const auto& r : records) {
+            const sequence_id id = add_sequence();
+            ids.push_back(id);
+            append_positions(id, r.length, r.tokens.data(), static_cast<int>(r.tokens.size()));
+            for (int l = 0; l < layers_; ++l) write(id, l, 0, r.keys[l].data(), r.values[l].data(), r.length);
+            publish(id);
+        }
+        return ids;
+    }
+
+    int layers_;
+    int page_size_;
+    bool prefix_caching_;
+    std::vector<buffer> keys_, values_;
+    detail::page_pool pool_;
+    detail::sequence_registry<state> sequences_;
+    detail::index_table<Memory> table_;
+    std::uint64_t queried_ = 0, hits_ = 0, copies_ = 0;
+};
+
+}  // namespace kvcache

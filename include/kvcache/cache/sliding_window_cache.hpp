@@ -1,0 +1,266 @@
+// Owner of the sliding-window layout: fixed slots of S sink rows plus a ring
+// of R = window + max_chunk - 1 rows, so generation runs without bound in
+// fixed memory.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kvcache/cache/owner_base.hpp"
+#include "kvcache/cache/sequence_id.hpp"
+#include "kvcache/cache/slot_store.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/core/heads.hpp"
+#include "kvcache/core/memory.hpp"
+#include "kvcache/layout/sliding_window_view.hpp"
+
+namespace kvcache {
+
+/// A sliding-window cache of L layers (StreamingLLM). Each sequence keeps its
+/// first `sinks` positions forever and the newest `ring` positions; a query
+/// sees the sinks plus keys newer than query - window. Appends come in chunks
+/// of at most max_chunk tokens, which the ring is sized for. Keys are stored
+/// rotated at their original position (RoPE is applied before the write).
+/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Heads a head_config
+/// @tparam Memory host_memory or device_memory
+template <class Element, class Heads, class Memory = host_memory>
+class sliding_window_cache : public detail::owner_base<sliding_window_cache<Element, Heads, Memory>, Element, Heads> {
+    static_assert(is_element_v<Element>, "kvcache::sliding_window_cache stores float or kvcache::half");
+    using base = detail::owner_base<sliding_window_cache, Element, Heads>;
+    friend base;
+
+public:
+    using element_type = Element;
+    using heads = Heads;
+    using memory = Memory;
+    using view_type = sliding_window_view<Element, Heads>;
+    static constexpr layout_kind kind = layout_kind::sliding_window;
+
+    /// `slots` sequences of sinks + window + max_chunk - 1 rows in each of `layers` layers.
+    sliding_window_cache(int layers, int slots, int window, int sinks, int max_chunk = 1)
+        : window_(window), sinks_(sinks), max_chunk_(max_chunk) {
+        require(layers > 0, error_code::invalid_argument, "layers = ", layers, " must be positive");
+        require(slots > 0, error_code::invalid_argument, "slots = ", slots, " must be positive");
+        require(window > 0, error_code::invalid_argument, "window = ", window, " must be positive");
+        require(sinks >= 0, error_code::invalid_argument, "sinks = ", sinks, " must not be negative");
+        require(max_chunk > 0, error_code::invalid_argument, "max_chunk = ", max_chunk, " must be positive");
+        require(window <= 0x3fffffff - max_chunk - sinks, error_code::invalid_argument, "window ", window,
+                " + max_chunk ", max_chunk, " + sinks ", sinks, " is too large");
+        ring_ = window + max_chunk - 1;
+        store_ = store(layers, slots, sinks + ring_);
+        for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
+    }
+
+    int layers() const noexcept { return store_.layers(); }
+    int slot_count() const noexcept { return store_.slots(); }
+    int window() const noexcept { return window_; }
+    int sinks() const noexcept { return sinks_; }
+    int ring() const noexcept { return ring_; }
+    int max_chunk() const noexcept { return max_chunk_; }
+
+    /// Adds an empty sequence; capacity_exceeded when every slot is taken.
+    sequence_id add_sequence() {
+        require(!free_slots_.empty(), error_code::capacity_exceeded, "all ", slot_count(),
+                " slots of the sliding-window cache are taken");
+        const sequence_id id = sequences_.insert(state{free_slots_.back(), 0});
+        free_slots_.pop_back();
+        return id;
+    }
+
+    /// Frees the sequence's slot; not_found for an unknown id.
+    void remove_sequence(sequence_id id) {
+        free_slots_.push_back(sequences_.at(id).slot);
+        sequences_.erase(id);
+    }
+
+    bool contains(sequence_id id) const { return sequences_.contains(id); }
+    std::size_t sequence_count() const noexcept { return sequences_.size(); }
+    std::vector<sequence_id> sequences() const { return sequences_.ids(); }
+    int length(sequence_id id) const { return sequences_.at(id).length; }
+
+    /// True when position is kept for a sequence of the given length.
+    bool present(int length, int position) const noexcept {
+        return position >= 0 && position < length && (position < sinks_ || position >= first_ring(length));
+    }
+
+    /// Advances the length by n <= max_chunk (older ring positions are
+    /// overwritten by the new rows) and returns the first new position.
+    int begin_append(sequence_id id, int n) {
+        detail::require_count(n, "n_tokens");
+        state& s = sequences_.at(id);
+        require(n <= max_chunk_, error_code::capacity_exceeded, "append of ", n, " tokens to sequence ", id,
+                " exceeds max_chunk ", max_chunk_, " (ring of ", ring_, " rows for window ", window_, ")");
+        require(n <= 0x7fffffff - s.length, error_code::capacity_exceeded, "length ", s.length, " + ", n,
+                " overflows int");
+        const int first = s.length;
+        s.length += n;
+        return first;
+    }
+
+    /// Writes rows of present positions [first, first + n) of one layer from
+    /// host arrays [token][kv_head][head_dim].
+    void write(sequence_id id, int layer, int first, const Element* keys, const Element* values, int n) {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        check_present(id, s.length, first, n);
+        for_each_segment(first, n, [&](int row, int done, int count) {
+            const std::size_t at = std::size_t(done) * Heads::kv_heads * Heads::head_dim;
+            store_.write(layer, s.slot, row, keys + at, values + at, count);
+        });
+    }
+
+    /// Reads rows of present positions [first, first + n) of one layer into host arrays.
+    void read(sequence_id id, int layer, int first, int n, Element* keys, Element* values) const {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        check_present(id, s.length, first, n);
+        for_each_segment(first, n, [&](int row, int done, int count) {
+            const std::size_t at = std::size_t(done) * Heads::kv_heads * Heads::head_dim;
+            store_.read(layer, s.slot, row, count, keys + at, values + at);
+        });
+    }
+
+    /// Shortens the sequence. Possible while nothing was evicted (length <=
+    /// sinks + ring); afterwards the positions a shorter sequence would need
+    /// are gone, so it is out_of_range, as is a new length past the end.
+    void truncate(sequence_id id, int new_length) {
+        state& s = sequences_.at(id);
+        require(new_length >= 0 && new_length <= s.length, error_code::out_of_range, "truncate of sequence ", id,
+                " to ", new_length, " is outside [0, ", s.length, "]");
+        require(new_length == s.length || s.length <= sinks_ + ring_, error_code::out_of_range,
+                "truncate of sequence ", id, " to ", new_length, " needs positions the window evicted (length ",
+                s.length, " > sinks ", sinks_, " + ring ", ring_, ")");
+        s.length = new_length;
+    }
+
+    /// A new sequence with a copy of id's sinks and ring.
+    sequence_id fork(sequence_id id) {
+        const state parent = sequences_.at(id);
+        const sequence_id child = add_sequence();
+        state& c = sequences_.at(child);
+        store_.copy_slot(store_, parent.slot, c.slot, store_.rows());
+        c.length = parent.length;
+        return child;
+    }
+
+    /// Present positions, ascending: the sinks, then the ring's contents.
+    std::vector<int> present_positions(sequence_id id) const { return present_positions_for(length(id)); }
+
+    /// The view of one layer over a batch. Valid until the cache changes or a
+    /// view of a different batch is made.
+    view_type view(int layer, const std::vector<sequence_id>& batch) {
+        this->check_layer(layer);
+        sequences_.require_all(batch);
+        std::vector<int> table(2 * batch.size());
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            table[i] = sequences_.at(batch[i]).length;
+            table[batch.size() + i] = sequences_.at(batch[i]).slot;
+        }
+        const int* t = table_.upload(table);
+        const int n = static_cast<int>(batch.size());
+        auto v = view_type::packed(store_.keys(layer), store_.values(layer), t, t ? t + n : nullptr, n, sinks_, ring_,
+                                   window_);
+        return v;
+    }
+
+    std::size_t bytes_reserved() const noexcept { return store_.bytes(); }
+    std::size_t bytes_used() const noexcept {
+        std::size_t rows = 0;
+        for (const auto& entry : sequences_) rows += present_positions_for(entry.second.length).size();
+        return rows * layers() * 2 * Heads::kv_heads * Heads::head_dim * sizeof(Element);
+    }
+
+private:
+    struct state {
+        int slot = 0;
+        int length = 0;
+    };
+    using store = detail::slot_store<Element, Heads, Memory>;
+
+    int first_ring(int length) const noexcept { return std::max(sinks_, length - ring_); }
+    int row_of(int position) const noexcept {
+        return position < sinks_ ? position : sinks_ + (position - sinks_) % ring_;
+    }
+
+    std::vector<int> present_positions_for(int length) const {
+        std::vector<int> out;
+        for (int p = 0; p < std::min(length, sinks_); ++p) out.push_back(p);
+        for (int p = first_ring(length); p < length; ++p) out.push_back(p);
+        return out;
+    }
+
+    void check_present(sequence_id id, int length, int first, int n) const {
+        base::check_range(id, first, n, length);
+        if (n == 0) return;
+        // The range is present iff its first position is (present positions
+        // form at most two intervals, and a range starting in the sinks must
+        // also end there unless the ring follows them without a gap).
+        const bool ok = present(length, first) &&
+                        (first >= sinks_ || first + n <= sinks_ || first_ring(length) == sinks_);
+        require(ok, error_code::out_of_range, "positions [", first, ", ", std::int64_t(first) + n, ") of sequence ",
+                id, " are not all present: the window keeps sinks [0, ", std::min(length, sinks_), ") and [",
+                first_ring(length), ", ", length, ")");
+    }
+
+    /// Calls f(row, done, count) for each run of adjacent rows covering [first, first + n).
+    template <class F>
+    void for_each_segment(int first, int n, F&& f) const {
+        for (int done = 0; done < n;) {
+            const int p = first + done;
+            const int room = p < sinks_ ? sinks_ - p : ring_ - (p - sinks_) % ring_;
+            const int count = std::min(room, n - done);
+            f(row_of(p), done, count);
+            done += count;
+        }
+    }
+
+    std::vector<std::int32_t> tokens_of(sequence_id) const { return {}; }
+
+    detail::file_header header() const {
+        detail::file_header h;
+        h.layout = kind;
+        h.element = element_traits<Element>::kind;
+        h.heads = shape_of<Heads>();
+        h.layers = layers();
+        h.parameters[0] = sinks_;
+        h.parameters[1] = ring_;
+        h.parameters[2] = window_;
+        return h;
+    }
+
+    std::vector<sequence_id> restore(const std::vector<detail::sequence_record<Element>>& records) {
+        for (const auto& r : records)
+            require(r.positions == present_positions_for(r.length), error_code::format_error,
+                    "a sliding-window record of length ", r.length, " holds ", r.positions.size(),
+                    " positions, not the ones this window keeps");
+        require(records.size() <= free_slots_.size(), error_code::capacity_exceeded, "loading ", records.size(),
+                " sequences needs as many slots, ", free_slots_.size(), " are free");
+        std::vector<sequence_id> ids;
+        for (const auto& r : records) {
+            const sequence_id id = add_sequence();
+            ids.push_back(id);
+            sequences_.at(id).length = r.length;
+            constexpr std::size_t row = std::size_t(Heads::kv_heads) * Heads::head_dim;
+            std::size_t i = 0;
+            while (i < r.positions.size()) {
+                std::size_t j = i + 1;
+                while (j < r.positions.size() && r.positions[j] == r.positions[j - 1] + 1) ++j;
+                for (int l = 0; l < layers(); ++l)
+                    write(id, l, r.positions[i], r.keys[l].data() + i * row, r.values[l].data() + i * row,
+                          static_cast<int>(j - i));
+                i = j;
+            }
+        }
+        return ids;
+    }
+
+    int window_, sinks_, max_chunk_, ring_ = 1;
+    store store_;
+    std::vector<int> free_slots_;
+    detail::sequence_registry<state> sequences_;
+    detail::index_table<Memory> table_;
+};
+
+}  // namespace kvcache

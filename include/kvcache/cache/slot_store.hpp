@@ -1,0 +1,87 @@
+// Storage shared by the slot-based owners (contiguous and sliding window):
+// per layer, a key and a value slab of [slot][kv_head][row][head_dim].
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kvcache/cache/row_transfer.hpp"
+#include "kvcache/core/memory.hpp"
+
+namespace kvcache {
+namespace detail {
+
+/// Key and value slabs of every layer for a fixed number of slots and rows.
+/// @tparam Element stored element type
+/// @tparam Heads a head_config
+/// @tparam Memory memory-space policy
+template <class Element, class Heads, class Memory>
+class slot_store {
+    using buffer = typename Memory::template buffer<Element>;
+
+public:
+    slot_store() = default;
+
+    /// Allocates zeroed storage; throws out_of_memory (nothing allocated stays).
+    slot_store(int layers, int slots, int rows) : layers_(layers), slots_(slots), rows_(rows) {
+        const std::size_t elements = checked_bytes(checked_bytes(std::size_t(slots), std::size_t(rows)),
+                                                   std::size_t(Heads::kv_heads) * Heads::head_dim);
+        keys_.reserve(layers);
+        values_.reserve(layers);
+        for (int l = 0; l < layers; ++l) {
+            keys_.emplace_back(elements);
+            values_.emplace_back(elements);
+        }
+    }
+
+    int layers() const noexcept { return layers_; }
+    int slots() const noexcept { return slots_; }
+    int rows() const noexcept { return rows_; }
+    std::int64_t head_stride() const noexcept { return std::int64_t(rows_) * Heads::head_dim; }
+    std::int64_t slot_stride() const noexcept { return Heads::kv_heads * head_stride(); }
+    Element* keys(int layer) noexcept { return keys_[layer].data(); }
+    Element* values(int layer) noexcept { return values_[layer].data(); }
+    const Element* keys(int layer) const noexcept { return keys_[layer].data(); }
+    const Element* values(int layer) const noexcept { return values_[layer].data(); }
+
+    /// Bytes of every slab.
+    std::size_t bytes() const noexcept {
+        return std::size_t(layers_) * 2 * slots_ * std::size_t(slot_stride()) * sizeof(Element);
+    }
+
+    /// Writes n rows starting at row of slot, from host [token][kv_head][head_dim].
+    void write(int layer, int slot, int row, const Element* keys, const Element* values, int n) {
+        const std::int64_t at = slot * slot_stride() + std::int64_t(row) * Heads::head_dim;
+        scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride(), keys, n);
+        scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride(), values, n);
+    }
+
+    /// Reads n rows starting at row of slot into host [token][kv_head][head_dim].
+    void read(int layer, int slot, int row, int n, Element* keys, Element* values) const {
+        const std::int64_t at = slot * slot_stride() + std::int64_t(row) * Heads::head_dim;
+        gather_rows<Element, Heads, Memory>(keys, keys_[layer].data() + at, head_stride(), n);
+        gather_rows<Element, Heads, Memory>(values, values_[layer].data() + at, head_stride(), n);
+    }
+
+    /// Copies the first `rows` rows of every head and layer from slot `from` of
+    /// `source` (which may be this store, or one with other shapes) into slot `to`.
+    void copy_slot(const slot_store& source, int from, int to, int rows) {
+        if (rows <= 0) return;
+        const std::size_t bytes = std::size_t(rows) * Heads::head_dim * sizeof(Element);
+        for (int l = 0; l < layers_; ++l)
+            for (int h = 0; h < Heads::kv_heads; ++h) {
+                const std::int64_t src = from * source.slot_stride() + h * source.head_stride();
+                const std::int64_t dst = to * slot_stride() + h * head_stride();
+                Memory::copy_within(keys_[l].data() + dst, source.keys_[l].data() + src, bytes);
+                Memory::copy_within(values_[l].data() + dst, source.values_[l].data() + src, bytes);
+            }
+    }
+
+private:
+    int layers_ = 0, slots_ = 0, rows_ = 0;
+    std::vector<buffer> keys_, values_;
+};
+
+}  // namespace detail
+}  // namespace kvcache

@@ -1,0 +1,118 @@
+// What a kernel backend does per call, written once over a Launcher policy
+// (the emulator or a CUDA stream): choose grids and splits, get workspace,
+// launch the bodies in order. The policy provides
+//   int multiprocessors() const;
+//   template <class Body, class Params> void launch(index3 grid, std::size_t shared_bytes, const Params&);
+//   template <class T> <buffer with data()> workspace(std::size_t count);
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "kvcache/core/error.hpp"
+#include "kvcache/execution/index3.hpp"
+#include "kvcache/kernels/append_kernel.hpp"
+#include "kvcache/kernels/attention_options.hpp"
+#include "kvcache/kernels/decode_kernel.hpp"
+#include "kvcache/kernels/merge_states_kernel.hpp"
+#include "kvcache/kernels/prefill_kernel.hpp"
+
+namespace kvcache {
+namespace detail {
+
+/// Most key/value splits of one decode (bounds the workspace and the merge).
+inline constexpr int max_decode_splits = 32;
+
+/// Splits per (sequence, KV head): the option when set, else enough blocks to
+/// give every multiprocessor two. Split blocks past a short sequence's keys
+/// write empty states, which the merge ignores.
+inline int decode_splits(int batch, int kv_heads, int multiprocessors, const attention_options& options) {
+    require(options.kv_splits >= 0, error_code::invalid_argument, "kv_splits ", options.kv_splits, " is negative");
+    if (options.kv_splits > 0) return std::min(options.kv_splits, max_decode_splits);
+    const int items = std::max(1, batch * kv_heads), target = 2 * multiprocessors;
+    return items >= target ? 1 : std::min(max_decode_splits, (target + items - 1) / items);
+}
+
+/// Blocks along x for prefill and append: a few per multiprocessor in total.
+inline int spread_blocks(int batch, int kv_heads, int multiprocessors) {
+    const int items = std::max(1, batch * kv_heads), target = 4 * multiprocessors;
+    return std::max(1, std::min(1024, (target + items - 1) / items));
+}
+
+inline void check_batch(int batch) {
+    require(batch >= 0 && batch <= 65535, error_code::invalid_argument, "batch of ", batch,
+            " sequences exceeds the grid limit of 65535");
+}
+
+template <class Launcher, class Layout, class Input>
+void run_append(Launcher& launcher, const Layout& view, const Input* keys, const Input* values, const int* offsets) {
+    using heads = typename Layout::heads;
+    const int batch = view.sequence_count();
+    check_batch(batch);
+    if (batch == 0) return;
+    const append_params<Layout, Input> params{view, keys, values, offsets};
+    launcher.template launch<append_kernel<Layout, Input>>(
+        index3{spread_blocks(batch, heads::kv_heads, launcher.multiprocessors()), heads::kv_heads, batch}, 0, params);
+}
+
+template <class Launcher, class State, class Output>
+void run_merge(Launcher& launcher, const merge_params<State, Output>& params) {
+    require(params.head_dim > 0 && params.head_dim % 8 == 0, error_code::invalid_argument, "merge head_dim ",
+            params.head_dim, " must be a positive multiple of 8");
+    if (params.rows == 0) return;
+    launcher.template launch<merge_states_kernel<State, Output>>(index3{params.rows, 1, 1}, 0, params);
+}
+
+template <class Launcher, class Layout, class Query>
+void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Query* outputs, float* lse,
+                const attention_options& options) {
+    using heads = typename Layout::heads;
+    using body = decode_kernel<Layout, Query>;
+    const int batch = view.sequence_count();
+    check_batch(batch);
+    if (batch == 0) return;
+    const int splits = decode_splits(batch, heads::kv_heads, launcher.multiprocessors(), options);
+    decode_params<Layout, Query> params{view, queries, outputs, lse, nullptr, nullptr,
+                                        resolved_softmax_scale(options, heads::head_dim), options.logits_soft_cap, splits};
+    const index3 grid{splits, heads::kv_heads, batch};
+    if (splits == 1) {
+        launcher.template launch<body>(grid, body::shared_bytes, params);
+        return;
+    }
+    const std::size_t rows = std::size_t(batch) * heads::query_heads;
+    auto workspace = launcher.template workspace<float>(rows * splits * (heads::head_dim + 1));
+    params.partial_outputs = workspace.data();
+    params.partial_lse = workspace.data() + rows * splits * heads::head_dim;
+    launcher.template launch<body>(grid, body::shared_bytes, params);
+    const merge_params<float, Query> merge{params.partial_outputs, params.partial_lse, outputs, lse, int(rows), splits,
+                                           heads::head_dim, heads::head_dim, std::int64_t(splits) * heads::head_dim,
+                                           1, splits};
+    run_merge(launcher, merge);
+}
+
+template <class Launcher, class Layout, class Query>
+void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, const int* query_offsets, Query* outputs,
+                 float* lse, const attention_options& options) {
+    using heads = typename Layout::heads;
+    using body = prefill_kernel<Layout, Query>;
+    const int batch = view.sequence_count();
+    check_batch(batch);
+    if (batch == 0) return;
+    const prefill_params<Layout, Query> params{view, queries, query_offsets, outputs, lse,
+                                               resolved_softmax_scale(options, heads::head_dim), options.logits_soft_cap};
+    launcher.template launch<body>(index3{spread_blocks(batch, heads::kv_heads, launcher.multiprocessors()),
+                                          heads::kv_heads, batch},
+                                   body::shared_bytes, params);
+}
+
+/// Merge parameters for state-major inputs: outputs [states][rows][head_dim], lse [states][rows].
+template <class State, class Output>
+merge_params<State, Output> state_major_merge(int states, int rows, int head_dim, const State* outputs, const float* lse,
+                                              Output* merged, float* merged_lse) {
+    require(states >= 0 && rows >= 0, error_code::invalid_argument, "merge of ", states, " states x ", rows,
+            " rows must not be negative");
+    return {outputs, lse, merged, merged_lse, rows, states, head_dim, std::int64_t(rows) * head_dim, head_dim, rows, 1};
+}
+
+}  // namespace detail
+}  // namespace kvcache

@@ -1,0 +1,51 @@
+// Append body: writes each sequence's new tokens (its last n_b positions,
+// space already reserved by the owner) into the layout, 8 elements per
+// access, converting between the input and the storage element type.
+#pragma once
+
+#include <cstddef>
+
+#include "kvcache/core/config.hpp"
+#include "kvcache/kernels/detail/vector_rows.hpp"
+#include "kvcache/kernels/kernel_params.hpp"
+#include "kvcache/kernels/new_tokens.hpp"
+
+namespace kvcache {
+
+/// The append body. Grid: (any x, kv_heads, batch); blocks along x share a
+/// sequence's tokens. Positions the layout already dropped are skipped.
+/// @tparam Layout a layout view
+/// @tparam Input float or kvcache::half
+template <class Layout, class Input>
+struct append_kernel {
+    using heads = typename Layout::heads;
+    using element = typename Layout::element_type;
+    static constexpr const char* name = "append";
+    static constexpr int block_threads = 128;
+    static constexpr std::size_t shared_bytes = 0;
+    static constexpr int chunks = heads::head_dim / 8;  // 8-element pieces of a row
+
+    template <class Context>
+    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const append_params<Layout, Input>& p) const {
+        const int kv = ctx.block_index().y, sequence = ctx.block_index().z;
+        const int tokens = p.new_token_offsets[sequence + 1] - p.new_token_offsets[sequence];
+        if (tokens <= 0) return;  // uniform across the block: no barrier follows
+        const int length = p.view.length(sequence);
+        const int first = detail::first_present_new_token(p.view, sequence, tokens);
+        const int items = (tokens - first) * chunks;
+        const int stride = ctx.grid_size().x * block_threads;
+        for (int i = ctx.block_index().x * block_threads + ctx.thread_index(); i < items; i += stride) {
+            const int t = first + i / chunks, c = (i % chunks) * 8;
+            const int position = length - tokens + t;
+            const std::size_t source =
+                (std::size_t(p.new_token_offsets[sequence] + t) * heads::kv_heads + kv) * heads::head_dim + c;
+            float x[8];
+            detail::load8(ctx, p.keys + source, x);
+            detail::store8(ctx, p.view.key(sequence, kv, position) + c, x);
+            detail::load8(ctx, p.values + source, x);
+            detail::store8(ctx, p.view.value(sequence, kv, position) + c, x);
+        }
+    }
+};
+
+}  // namespace kvcache

@@ -269,3 +269,44 @@ TEST_CASE("with several worker threads the first failing block in schedule order
     CHECK(contains(message, "block (1,0,0), thread 70"));
     CHECK(live_guards == 0);
 }
+
+namespace {
+
+/// Needs about 128 KiB of stack per thread: more than the default 64 KiB.
+struct deep_stack_body {
+    static constexpr const char* name = "deep_stack";
+    static constexpr int block_threads = 32;
+    template <class Context>
+    void operator()(Context& ctx, const shared_params& p) const {
+        volatile unsigned char scratch[128 * 1024];
+        for (std::size_t i = 0; i < sizeof scratch; i += 4096) scratch[i] = static_cast<unsigned char>(i >> 12);
+        ctx.sync_block();
+        unsigned sum = 0;
+        for (std::size_t i = 0; i < sizeof scratch; i += 4096) sum += scratch[i];
+        auto out = ctx.template shared_array<unsigned>(0, block_threads);
+        out[static_cast<std::size_t>(ctx.thread_index())] = sum;
+        if (sum != 496u) throw std::logic_error("stack contents lost across a barrier");
+        (void)p;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("emulator_options: a larger stack for a body that needs it, and bad options rejected") {
+    emulator_options options;
+    options.stack_bytes = 256 * 1024;
+    kvcache::for_each_schedule([](const emulator_options& o) {
+        CHECK_NOTHROW(emulate<deep_stack_body>(index3{2, 1, 1}, 32 * sizeof(unsigned), shared_params{}, o));
+    }, schedules, options);
+
+    emulator_options tiny;
+    tiny.stack_bytes = 1024;
+    CHECK_THROWS_WITH_AS(emulate<shared_body>(index3{}, 64, shared_params{0, 1, 0}, tiny),
+                         "kvcache: invalid_argument: emulator stack_bytes 1024 is below the minimum of 16384",
+                         kvcache::error);
+    emulator_options no_workers;
+    no_workers.worker_threads = 0;
+    CHECK_THROWS_AS(emulate<shared_body>(index3{}, 64, shared_params{0, 1, 0}, no_workers), kvcache::error);
+    CHECK(contains(fault_message([] { emulate<shared_body>(index3{0, 1, 1}, 64, shared_params{0, 1, 0}); }),
+                   "kernel shared: grid (0,1,1) must be at least 1 in each dimension"));
+}

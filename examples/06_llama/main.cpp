@@ -1,0 +1,188 @@
+// 06_llama: run a Hugging Face Llama-family checkpoint (Llama, Mistral,
+// Qwen2 shapes) from a folder with kvcache: greedy generation from token ids,
+// cached or recomputed (--no-cache), or both compared (--compare).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/arguments.hpp"
+#include "common/checkpoint_loader.hpp"
+#include "common/kvcache_attention.hpp"
+#include "common/tiny_llama.hpp"
+#include "supported_heads.hpp"
+
+namespace ex = kvcache::examples;
+
+namespace {
+
+const char* usage = R"(usage: 06_llama --model DIR [options]
+
+Loads a Hugging Face Llama-family checkpoint (config.json + *.safetensors,
+sharded through model.safetensors.index.json when present; model_type llama,
+mistral or qwen2; F32, F16 or BF16 weights) and generates greedily from token
+ids with kvcache's CPU backend. Nothing is downloaded: bring the folder.
+
+options:
+  --model DIR            checkpoint folder (required)
+  --prompt-ids 1,2,3     prompt token ids (default 1)
+  --max-new-tokens N     tokens to generate (default 16)
+  --no-cache             recompute every step over the whole sequence instead of using kvcache
+  --compare              run both ways and report whether the ids are identical
+  --layout KIND          contiguous | paged | sliding_window (default paged)
+  --dtype TYPE           fp32 | fp16: the cache's element type (default fp32)
+  --page-size N          paged: tokens per page (default 16)
+  --window N             sliding_window: keys a query sees (default: config's sliding_window, else 4096)
+  --sinks N              sliding_window: first positions kept forever (default 4)
+  --threads N            CPU threads (default: all cores)
+  --dump-logits FILE     write every step's logits: a text header, then float32 little-endian
+  --help                 this text
+)";
+
+std::string join(const std::vector<int>& ids) {
+    std::string s;
+    for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+    return s;
+}
+
+// A header an outside tool can read with readline() before the raw floats.
+void dump_logits(const std::string& path, const ex::generation_trace& trace, int vocab) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) throw ex::usage_error("cannot write --dump-logits file '" + path + "'");
+    out << "kvcache-logits 1\nsteps " << trace.logits.size() << "\nvocab_size " << vocab
+        << "\nformat float32 little-endian, steps x vocab_size, row-major\nend_header\n";
+    for (const auto& row : trace.logits)
+        out.write(reinterpret_cast<const char*>(row.data()), static_cast<std::streamsize>(row.size() * sizeof(float)));
+    if (!out) throw ex::usage_error("writing --dump-logits file '" + path + "' failed");
+}
+
+double ms_per_token(const ex::generation_trace& t) {
+    if (t.step_seconds.size() < 2) return t.step_seconds.at(0) * 1e3;
+    double sum = 0;
+    for (std::size_t i = 1; i < t.step_seconds.size(); ++i) sum += t.step_seconds[i];
+    return sum / static_cast<double>(t.step_seconds.size() - 1) * 1e3;
+}
+
+int run(int argc, char** argv) {
+    ex::arguments args(argc, argv, {"--help", "--no-cache", "--compare"},
+                       {"--model", "--prompt-ids", "--max-new-tokens", "--layout", "--dtype", "--page-size", "--window",
+                        "--sinks", "--threads", "--dump-logits"});
+    if (args.has("--help")) {
+        std::cout << usage;
+        return 0;
+    }
+    if (!args.has("--model")) throw ex::usage_error("--model DIR is required (see --help)");
+    if (args.has("--no-cache") && args.has("--compare"))
+        throw ex::usage_error("--no-cache and --compare exclude each other");
+    const std::string dir = args.text("--model", "");
+    const std::vector<int> prompt = args.integers("--prompt-ids", {1}, 0, 1 << 30);
+    const int new_tokens = args.integer("--max-new-tokens", 16, 1, 1 << 20);
+    const int threads = args.integer("--threads", 0, 0, 1024);
+    const std::string logits_path = args.text("--dump-logits", "");
+
+    auto load_start = std::chrono::steady_clock::now();
+    ex::checkpoint_config checkpoint = ex::read_model_config(dir);
+    const ex::model_config& config = checkpoint.model;
+    for (int id : prompt)
+        if (id >= config.vocab_size)
+            throw ex::usage_error("--prompt-ids: id " + std::to_string(id) + " is outside the vocabulary of " +
+                                  std::to_string(config.vocab_size));
+
+    ex::cache_options cache;
+    cache.layout = args.layout("--layout", kvcache::layout_kind::paged);
+    cache.element = args.element("--dtype", kvcache::element_kind::fp32);
+    cache.page_size = args.integer("--page-size", 16, 1, 1 << 16);
+    cache.window = args.integer("--window", checkpoint.sliding_window > 0 ? checkpoint.sliding_window : 4096, 1, 1 << 24);
+    cache.sinks = args.integer("--sinks", 4, 0, 1 << 20);
+    cache.prefill_chunk = 64;
+    const int total = static_cast<int>(prompt.size()) + new_tokens;
+    if (checkpoint.sliding_window > 0 && total > checkpoint.sliding_window &&
+        cache.layout != kvcache::layout_kind::sliding_window)
+        throw ex::usage_error("config field sliding_window = " + std::to_string(checkpoint.sliding_window) +
+                              " is shorter than the " + std::to_string(total) +
+                              " tokens asked for; use --layout sliding_window");
+
+    const bool want_cached = !args.has("--no-cache");
+    const bool want_recompute = args.has("--no-cache") || args.has("--compare");
+    llama_example::cached_runner runner = nullptr;
+    if (want_cached) {
+        std::string list;
+        for (const auto& e : llama_example::supported_heads()) {
+            if (e.shape == config.heads()) runner = e.run;
+            list += "\n  " + e.shape.to_string() + "  (" + e.models + ")";
+        }
+        if (!runner)
+            throw ex::usage_error("the checkpoint's heads " + config.heads().to_string() +
+                                  " (num_attention_heads/num_key_value_heads/head_dim) are not compiled into this example;"
+                                  " --no-cache runs any shape, or add it to examples/06_llama/heads_*.cpp. Compiled:" + list);
+    }
+
+    ex::thread_pool pool(threads);
+    kvcache::cpu::set_thread_count(threads);
+    ex::llama_model model(ex::load_checkpoint(dir, checkpoint), pool);
+    double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+
+    std::string layout_text = kvcache::to_string(cache.layout);
+    if (cache.layout == kvcache::layout_kind::paged) layout_text += " (page " + std::to_string(cache.page_size) + ")";
+    if (cache.layout == kvcache::layout_kind::sliding_window)
+        layout_text += " (window " + std::to_string(cache.window) + ", sinks " + std::to_string(cache.sinks) + ")";
+    std::printf("model: %s (%s, %s%s), loaded in %.2f s\n", dir.c_str(), config.model_type.c_str(),
+                config.describe().c_str(), config.tie_word_embeddings ? ", tied embeddings" : "", load_s);
+    if (want_cached)
+        std::printf("cache: %s, %s, kvcache CPU backend, %d threads\n", layout_text.c_str(),
+                    kvcache::to_string(cache.element), pool.size());
+    if (want_recompute)
+        std::printf("recompute: the whole sequence at every step, no cache%s\n",
+                    cache.element == kvcache::element_kind::fp16 ? " (K/V rounded through fp16 like the cache)" : "");
+    std::printf("prompt ids: %s\n", join(prompt).c_str());
+
+    ex::generation_options options;
+    options.keep_logits = !logits_path.empty() || args.has("--compare");
+    ex::generation_trace cached, recomputed;
+    if (want_cached) {
+        cached = runner(model, prompt, new_tokens, cache, options).trace;
+        std::printf("generated ids: %s\n", join(cached.tokens).c_str());
+        std::printf("cached: %.2f ms/token (prefill %.1f ms)\n", ms_per_token(cached), cached.step_seconds[0] * 1e3);
+    }
+    if (want_recompute) {
+        ex::recompute_attention attention(config, pool, want_cached ? cache.element : kvcache::element_kind::fp32,
+                                          want_cached || cache.layout == kvcache::layout_kind::sliding_window
+                                              ? cache.visibility()
+                                              : kvcache::attention_visibility{});
+        recomputed = ex::generate(model, prompt, new_tokens, attention, ex::generation_mode::recompute, options);
+        std::printf("%s ids: %s\n", want_cached ? "recompute" : "generated", join(recomputed.tokens).c_str());
+        std::printf("recompute: %.2f ms/token\n", ms_per_token(recomputed));
+    }
+    int status = 0;
+    if (want_cached && want_recompute) {
+        bool same = cached.tokens == recomputed.tokens;
+        double worst = 0;
+        for (std::size_t s = 0; s < cached.logits.size(); ++s)
+            for (std::size_t i = 0; i < cached.logits[s].size(); ++i)
+                worst = std::max(worst, double(std::fabs(cached.logits[s][i] - recomputed.logits[s][i])));
+        std::printf("tokens identical: %s\nlargest logit difference: %.3g\n", same ? "yes" : "no", worst);
+        status = same ? 0 : 1;
+    }
+    if (!logits_path.empty()) {
+        dump_logits(logits_path, want_cached ? cached : recomputed, config.vocab_size);
+        std::printf("logits of %d steps written to %s\n", new_tokens, logits_path.c_str());
+    }
+    return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const ex::usage_error& e) {
+        std::fprintf(stderr, "06_llama: %s\n", e.what());
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "06_llama: error: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,160 @@
+// A tiny checkpoint written by the test in safetensors format, loaded back:
+// weights equal what was written (through F32, F16 and BF16), single file and
+// sharded, tied and separate output, Qwen2 biases; cached generation through
+// kvcache gives the ids of recomputation; every bad input names file and tensor.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checkpoint_writer.hpp"
+#include "common/checkpoint_loader.hpp"
+#include "common/kvcache_attention.hpp"
+
+using namespace kvcache::examples;
+using namespace kvcache::examples::testing;
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+    auto dir = std::filesystem::temp_directory_path() / ("kvcache_checkpoint_test_" + name);
+    std::filesystem::remove_all(dir);
+    return dir.string();
+}
+
+// Every tensor of `loaded` equals the written one after rounding through its dtype.
+void check_weights_equal(const model_weights& written, const model_weights& loaded, const std::vector<std::string>& dtypes) {
+    auto expected = checkpoint_tensors(written, dtypes);
+    auto got = checkpoint_tensors(loaded, {"F32"});
+    REQUIRE(expected.size() == got.size());
+    for (std::size_t t = 0; t < expected.size(); ++t) {
+        CAPTURE(expected[t].name);
+        REQUIRE(got[t].name == expected[t].name);
+        REQUIRE(got[t].values.size() == expected[t].values.size());
+        std::size_t mismatches = 0;
+        for (std::size_t i = 0; i < got[t].values.size(); ++i)
+            mismatches += got[t].values[i] != stored_value(expected[t].dtype, expected[t].values[i]);
+        CHECK(mismatches == 0);
+    }
+}
+
+std::string load_error(const std::string& dir) {
+    try {
+        load_checkpoint(dir, read_model_config(dir));
+    } catch (const kvcache::error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("a written checkpoint loads back bit for bit, in one file or sharded") {
+    for (const char* type : {"llama", "qwen2"})
+        for (bool tied : {false, true})
+            for (int shards : {1, 3}) {
+                CAPTURE(type);
+                CAPTURE(tied);
+                CAPTURE(shards);
+                model_config c = tiny_config(type);
+                c.tie_word_embeddings = tied;
+                auto weights = make_random_weights(c, 7);
+                std::vector<std::string> dtypes{"F32", "BF16", "F16"};
+                std::string dir = fresh_dir(std::string(type) + (tied ? "_tied_" : "_") + std::to_string(shards));
+                write_checkpoint(dir, weights, dtypes, shards);
+                auto config = read_model_config(dir);
+                CHECK(config.model.heads() == c.heads());
+                CHECK(config.model.attention_bias == (std::string(type) == "qwen2"));
+                CHECK(config.model.tie_word_embeddings == tied);
+                auto loaded = load_checkpoint(dir, config);
+                CHECK(loaded.lm_head.empty() == tied);
+                check_weights_equal(weights, loaded, dtypes);
+            }
+}
+
+TEST_CASE("the loaded checkpoint generates the same ids cached (every layout, fp32 and fp16) and recomputed") {
+    using heads = kvcache::head_config<4, 2, 16>;
+    thread_pool pool(2);
+    std::string dir = fresh_dir("generate");
+    write_checkpoint(dir, make_random_weights(tiny_config("qwen2"), 9), {"BF16"});
+    auto config = read_model_config(dir);
+    llama_model model(load_checkpoint(dir, config), pool);
+    std::vector<int> prompt{1, 5, 9, 200, 17, 3, 3, 44};
+    for (auto layout : {kvcache::layout_kind::contiguous, kvcache::layout_kind::paged, kvcache::layout_kind::sliding_window})
+        for (auto element : {kvcache::element_kind::fp32, kvcache::element_kind::fp16}) {
+            CAPTURE(std::string(kvcache::to_string(layout)));
+            CAPTURE(std::string(kvcache::to_string(element)));
+            cache_options cache;
+            cache.layout = layout;
+            cache.element = element;
+            cache.page_size = 4;
+            cache.window = 8;
+            cache.sinks = 2;
+            cache.prefill_chunk = 4;
+            recompute_attention recompute(config.model, pool, element, cache.visibility());
+            auto slow = generate(model, prompt, 16, recompute, generation_mode::recompute);
+            auto fast = generate_with_kvcache<heads>(model, prompt, 16, cache).trace;
+            CHECK(slow.tokens == fast.tokens);
+        }
+}
+
+TEST_CASE("bad checkpoints: one error naming the file and the tensor") {
+    model_config c = tiny_config();
+    auto weights = make_random_weights(c, 3);
+    std::string dir = fresh_dir("bad");
+    write_checkpoint(dir, weights, {"F32"});
+    const std::string file = dir + "/model.safetensors";
+
+    SUBCASE("missing folder and missing config") {
+        CHECK(contains(load_error(dir + "/nothing"), "config.json: cannot open"));
+    }
+    SUBCASE("a shape that does not match the config") {
+        model_config other = c;
+        other.intermediate_size = 96;
+        write_text(dir + "/config.json", config_json(other));
+        auto m = load_error(dir);
+        CHECK(contains(m, "model.safetensors"));
+        CHECK(contains(m, "tensor 'model.layers.0.mlp.gate_proj.weight'"));
+        CHECK(contains(m, "[128, 64]"));
+    }
+    SUBCASE("an unsupported dtype") {
+        auto tensors = checkpoint_tensors(weights, {"F32"});
+        auto bytes = safetensors_bytes(tensors);
+        // Relabel the embedding as I32 (same element size): the header stays consistent.
+        std::string text(bytes.begin(), bytes.end());
+        text.replace(text.find("\"F32\""), 5, "\"I32\"");
+        write_bytes(file, std::vector<unsigned char>(text.begin(), text.end()));
+        auto m = load_error(dir);
+        CHECK(contains(m, "tensor 'model.embed_tokens.weight' has dtype I32"));
+    }
+    SUBCASE("a missing tensor") {
+        auto tensors = checkpoint_tensors(weights, {"F32"});
+        tensors.erase(tensors.begin() + 3);  // model.layers.0.self_attn.k_proj.weight
+        write_bytes(file, safetensors_bytes(tensors));
+        CHECK(contains(load_error(dir), "tensor 'model.layers.0.self_attn.k_proj.weight'"));
+    }
+    SUBCASE("a truncated file") {
+        auto bytes = safetensors_bytes(checkpoint_tensors(weights, {"F32"}));
+        bytes.resize(bytes.size() - 100);
+        write_bytes(file, bytes);
+        auto m = load_error(dir);
+        CHECK(contains(m, "model.safetensors"));
+        CHECK(contains(m, "tensor 'lm_head.weight'"));
+        CHECK(contains(m, "run past"));
+    }
+    SUBCASE("a shard named by the index is missing") {
+        std::string sharded = fresh_dir("bad_sharded");
+        write_checkpoint(sharded, weights, {"F32"}, 2);
+        std::filesystem::remove(sharded + "/model-00002-of-00002.safetensors");
+        CHECK(contains(load_error(sharded), "model-00002-of-00002.safetensors: cannot open"));
+    }
+    SUBCASE("an untied config without lm_head") {
+        auto tensors = checkpoint_tensors(weights, {"F32"});
+        tensors.pop_back();
+        write_bytes(file, safetensors_bytes(tensors));
+        CHECK(contains(load_error(dir), "tensor 'lm_head.weight'"));
+    }
+}

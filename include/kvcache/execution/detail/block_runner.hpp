@@ -182,7 +182,7 @@ public:
     static void fiber_entry() {
         block_runner& runner = *current_runner();
         const int thread = runner.current_;
-        asan_finish_switch(nullptr, &runner.scheduler_stack_bottom_, &runner.scheduler_stack_size_);
+        runner.arrived_on_fiber();
         try {
             runner.invoke_(runner.params_, runner, thread);
         } catch (const fiber_unwind&) {
@@ -190,11 +190,9 @@ public:
         } catch (...) {
             if (!runner.pending_) runner.pending_ = std::current_exception();
         }
-        thread_slot& self = runner.threads_[static_cast<std::size_t>(thread)];
-        self.state = thread_state::finished;
+        runner.threads_[static_cast<std::size_t>(thread)].state = thread_state::finished;
         ++runner.finished_;
-        asan_start_switch(nullptr, runner.scheduler_stack_bottom_, runner.scheduler_stack_size_);
-        switch_context(self.context, runner.scheduler_);
+        runner.leave(thread, true);
         std::terminate();  // a finished fiber is never resumed
     }
 
@@ -242,36 +240,83 @@ private:
         random_.state = options_.schedule.seed ^ (linear_index(block_, grid_) * 0x2545f4914f6cdd1dull);
     }
 
+    // A round resumes every ready thread once, in order_. The scheduler starts
+    // the first; each thread that yields switches straight to the next ready
+    // one (one stack switch per yield), and the last returns to the scheduler.
     void run_rounds() {
         const bool shuffled = options_.schedule.order == emulator_schedule::kind::shuffled;
         while (finished_ < block_threads_) {
             if (shuffled) random_.shuffle(order_);
-            bool ran = false;
-            for (const int thread : order_) {
-                if (threads_[static_cast<std::size_t>(thread)].state != thread_state::ready) continue;
-                ran = true;
-                resume(thread);
-                if (pending_) return;
-            }
-            if (!ran) diagnose_stall();
+            const int first = next_ready(0);
+            if (first < 0) diagnose_stall();
+            resume(first);
+            if (pending_) return;
         }
     }
 
-    void resume(int thread) {
+    // The first thread at or after `position` in order_ that is ready; moves position_ there.
+    int next_ready(std::size_t position) noexcept {
+        for (; position < order_.size(); ++position) {
+            const int thread = order_[position];
+            if (threads_[static_cast<std::size_t>(thread)].state == thread_state::ready) {
+                position_ = position;
+                return thread;
+            }
+        }
+        return -1;
+    }
+
+    // The context to switch to for `thread`, set up on its stack at its first run.
+    machine_context& context_of(int thread) {
         thread_slot& slot = threads_[static_cast<std::size_t>(thread)];
-        char* bottom = thread_stack_pool().bottom(thread);
-        const std::size_t size = thread_stack_pool().stack_bytes();
         if (!slot.started) {
             slot.started = true;
-            asan_unpoison_stack(bottom, size);
-            prepare_context(slot.context, bottom, size, &block_runner::fiber_entry);
+            asan_unpoison_stack(thread_stack_pool().bottom(thread), thread_stack_pool().stack_bytes());
+            prepare_context(slot.context, thread_stack_pool().bottom(thread), thread_stack_pool().stack_bytes(),
+                            &block_runner::fiber_entry);
         }
+        return slot.context;
+    }
+
+    // From the scheduler's stack into a thread; returns when the round ends.
+    void resume(int thread) {
+        machine_context& target = context_of(thread);
         current_runner() = this;
         current_ = thread;
+        from_scheduler_ = true;
         void* fake_stack = nullptr;
-        asan_start_switch(&fake_stack, bottom, size);
-        switch_context(scheduler_, slot.context);
+        asan_start_switch(&fake_stack, thread_stack_pool().bottom(thread), thread_stack_pool().stack_bytes());
+        switch_context(scheduler_, target);
         asan_finish_switch(fake_stack, nullptr, nullptr);
+    }
+
+    // Run on a fiber right after it is switched to; learns the scheduler's stack from ASan.
+    void arrived_on_fiber() noexcept {
+        if (from_scheduler_) {
+            asan_finish_switch(threads_[static_cast<std::size_t>(current_)].fake_stack, &scheduler_stack_bottom_,
+                               &scheduler_stack_size_);
+            from_scheduler_ = false;
+        } else {
+            asan_finish_switch(threads_[static_cast<std::size_t>(current_)].fake_stack, nullptr, nullptr);
+        }
+    }
+
+    // Suspends (or, when finished, abandons) `thread`, switching to the next
+    // ready thread of the round or back to the scheduler.
+    void leave(int thread, bool finished) {
+        thread_slot& slot = threads_[static_cast<std::size_t>(thread)];
+        void** fake_stack = finished ? nullptr : &slot.fake_stack;
+        const int next = (aborting_ || pending_) ? -1 : next_ready(position_ + 1);
+        if (next < 0) {
+            asan_start_switch(fake_stack, scheduler_stack_bottom_, scheduler_stack_size_);
+            switch_context(slot.context, scheduler_);
+        } else {
+            machine_context& target = context_of(next);
+            current_ = next;
+            asan_start_switch(fake_stack, thread_stack_pool().bottom(next), thread_stack_pool().stack_bytes());
+            switch_context(slot.context, target);
+        }
+        arrived_on_fiber();
     }
 
     void wait(int thread, collective op) noexcept {
@@ -281,10 +326,7 @@ private:
     }
 
     void yield(int thread) {
-        thread_slot& slot = threads_[static_cast<std::size_t>(thread)];
-        asan_start_switch(&slot.fake_stack, scheduler_stack_bottom_, scheduler_stack_size_);
-        switch_context(slot.context, scheduler_);
-        asan_finish_switch(slot.fake_stack, &scheduler_stack_bottom_, &scheduler_stack_size_);
+        leave(thread, false);
         if (aborting_) throw fiber_unwind{};
     }
 
@@ -432,6 +474,8 @@ private:
     float block_result_ = 0.0f;
     int finished_ = 0;
     int current_ = 0;
+    std::size_t position_ = 0;
+    bool from_scheduler_ = false;
     bool aborting_ = false;
 };
 

@@ -209,7 +209,7 @@ private:
                 expected = e.code() == kvcache::error_code::capacity_exceeded &&
                            referenced + new_pages + 1 > cache_.page_count();
             }
-            INFO("seed step ", step_, ": ", e.what());
+            INFO("step ", step_, ": ", std::string(e.what()));
             REQUIRE(expected);
             ++failures_seen;
             return;  // check_all() verifies nothing changed
@@ -291,7 +291,7 @@ private:
         try {
             cache_.write(id, layer, first, k.data(), v.data(), n);
         } catch (const kvcache::error& e) {
-            INFO(e.what());
+            INFO(std::string(e.what()));
             // Only a paged copy-on-write may run out of pages.
             REQUIRE(kind == kvcache::layout_kind::paged);
             REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
@@ -313,7 +313,7 @@ private:
             REQUIRE(ids.size() == 1);
             model_[ids[0]] = model_[id];
         } catch (const kvcache::error& e) {
-            INFO(e.what());
+            INFO(std::string(e.what()));
             REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
             ++failures_seen;
         }
@@ -330,7 +330,7 @@ private:
         } catch (const kvcache::error& e) {
             // Files hold each sequence's rows, not the sharing between forks,
             // so a reload can need more pages than the original pool used.
-            INFO(e.what());
+            INFO(std::string(e.what()));
             REQUIRE(kind == kvcache::layout_kind::paged);
             REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
             CHECK(fresh.sequence_count() == 0);
@@ -391,7 +391,7 @@ private:
         try {
             f();
         } catch (const kvcache::error& e) {
-            INFO(e.what());
+            INFO(std::string(e.what()));
             CHECK(e.code() == code);
             thrown = true;
         }

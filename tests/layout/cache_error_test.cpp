@@ -1,0 +1,255 @@
+// Every failing operation throws the documented error, names the bad value
+// and the limit, and leaves the cache exactly as it was (strong guarantee).
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <sstream>
+#include <string>
+
+#include "cache_test_support.hpp"
+#include "kvcache/cache.hpp"
+
+using test_support::append_all_layers;
+using test_support::snapshot;
+
+namespace {
+
+using heads = kvcache::head_config<4, 2, 8>;
+
+/// Runs f, which must throw `code` with every `needle` in its message, and
+/// checks the snapshot is unchanged.
+template <class Cache, class F>
+void check_fails(int line, const Cache& cache, kvcache::error_code code, std::initializer_list<const char*> needles, F&& f) {
+    INFO("check at line ", line);
+    const std::string before = snapshot(cache);
+    bool thrown = false;
+    try {
+        f();
+    } catch (const kvcache::error& e) {
+        thrown = true;
+        INFO(std::string(e.what()));
+        CHECK(e.code() == code);
+        for (const char* needle : needles) CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+    CHECK(thrown);
+    CHECK(snapshot(cache) == before);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("contiguous: capacity, slots, ids, truncate, fork", Element, float, kvcache::half) {
+    kvcache::static_cache<Element, heads> cache(2, 2, 10);
+    const auto a = cache.add_sequence();
+    append_all_layers(cache, a, 7, 1);
+    const auto b = cache.add_sequence();
+    append_all_layers(cache, b, 3, 2);
+    const auto k = test_support::rows<Element, heads>(4, 9);
+    using E = kvcache::error_code;
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"append of 4", "length 7", "capacity 10"},
+                [&] { cache.append(a, 0, k.data(), k.data(), 4); });
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"capacity 10"}, [&] { cache.begin_append(a, 4); });
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"2 slots"}, [&] { cache.add_sequence(); });
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"2 slots"}, [&] { cache.fork(a); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.fork(99); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.remove_sequence(99); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.append(99, 0, k.data(), k.data(), 1); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.view(0, {a, 99}); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.keep_only({a, 99}); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] {
+        std::ostringstream out;
+        cache.save(out, {99});
+    });
+    check_fails(__LINE__, cache, E::out_of_range, {"to 8", "[0, 7]"}, [&] { cache.truncate(a, 8); });
+    check_fails(__LINE__, cache, E::out_of_range, {"to -1"}, [&] { cache.truncate(a, -1); });
+    check_fails(__LINE__, cache, E::out_of_range, {"layer 2", "[0, 2)"}, [&] { cache.append(a, 2, k.data(), k.data(), 1); });
+    check_fails(__LINE__, cache, E::out_of_range, {"4 tokens to layer 1", "3 positions"},
+                [&] { cache.append(b, 1, k.data(), k.data(), 4); });
+    check_fails(__LINE__, cache, E::out_of_range, {"[6, 8)", "length 7"}, [&] { cache.write(a, 0, 6, k.data(), k.data(), 2); });
+    check_fails(__LINE__, cache, E::invalid_argument, {"-1"}, [&] { cache.begin_append(a, -1); });
+    // The failures changed nothing, and valid work still goes through.
+    cache.truncate(a, 2);
+    CHECK(cache.length(a) == 2);
+}
+
+TEST_CASE("constructors reject impossible sizes") {
+    using E = kvcache::error_code;
+    auto code_of = [](auto&& f) {
+        try {
+            f();
+        } catch (const kvcache::error& e) {
+            return e.code();
+        }
+        return E::kernel_fault;  // "no error"; never thrown by these constructors
+    };
+    CHECK(code_of([] { kvcache::static_cache<float, heads>(0, 1, 1); }) == E::invalid_argument);
+    CHECK(code_of([] { kvcache::static_cache<float, heads>(1, 0, 1); }) == E::invalid_argument);
+    CHECK(code_of([] { kvcache::paged_cache<float, heads>(1, 4, 0); }) == E::invalid_argument);
+    CHECK(code_of([] { kvcache::paged_cache<float, heads>(1, 0, 4); }) == E::invalid_argument);
+    CHECK(code_of([] { kvcache::sliding_window_cache<float, heads>(1, 1, 0, 0); }) == E::invalid_argument);
+    CHECK(code_of([] { kvcache::sliding_window_cache<float, heads>(1, 1, 4, -1); }) == E::invalid_argument);
+    CHECK(code_of([] { kvcache::sliding_window_cache<float, heads>(1, 1, 4, 0, 0); }) == E::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("paged: a dry pool refuses before evicting anything", Element, float, kvcache::half) {
+    // 6 pages of 4 tokens.
+    kvcache::paged_cache<Element, heads> cache(2, 6, 4);
+    using E = kvcache::error_code;
+    std::vector<std::int32_t> tokens(8);
+    for (int i = 0; i < 8; ++i) tokens[i] = 40 + i;
+    const auto cached = cache.add_sequence();
+    const auto k8 = test_support::rows<Element, heads>(8, 3);
+    cache.append(cached, k8.data(), k8.data(), tokens);
+    for (int l = 1; l < 2; ++l) cache.append(cached, l, k8.data(), k8.data(), 8);
+    cache.remove_sequence(cached);  // two full pages stay cached, evictable
+    CHECK(cache.statistics().pages_evictable == 2);
+    const auto a = cache.add_sequence();
+    append_all_layers(cache, a, 13, 1);  // 4 pages: the pool had 4 free, so nothing is evicted yet
+    CHECK(cache.statistics().evictions == 0);
+    // 13 + 12 tokens need 3 more pages; 0 free + 2 evictable: refused, and the cached pages survive.
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"needs 3 pages", "0 free", "2 evictable"},
+                [&] { cache.begin_append(a, 12); });
+    CHECK(cache.statistics().pages_cached == 2);
+    // Copy-on-write needs a page too: fork, and write into the shared partial page.
+    const auto b = cache.fork(a);
+    append_all_layers(cache, b, 3, 5);  // copies one page (2 evictable -> 1 left after eviction)
+    CHECK(cache.statistics().evictions == 1);
+    append_all_layers(cache, b, 4, 6);  // one new page: evicts the last cached page
+    CHECK(cache.statistics().evictions == 2);
+    const auto k = test_support::rows<Element, heads>(1, 7);
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"needs 1 pages"}, [&] { cache.write(a, 0, 0, k.data(), k.data(), 1); });
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"needs 1 pages"}, [&] { cache.begin_append(a, 4); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.match_prefix(99, tokens); });
+    check_fails(__LINE__, cache, E::invalid_argument, {"length 13"}, [&] { cache.match_prefix(a, tokens); });
+    check_fails(__LINE__, cache, E::invalid_argument, {"got 8 token ids"}, [&] { cache.begin_append(a, 2, tokens); });
+    check_fails(__LINE__, cache, E::out_of_range, {"to 14", "[0, 13]"}, [&] { cache.truncate(a, 14); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.fork(99); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.truncate(99, 0); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { (void)cache.length(99); });
+}
+
+TEST_CASE_TEMPLATE("sliding window: chunk limit, evicted positions, truncate after eviction", Element, float,
+                   kvcache::half) {
+    // window 4, 2 sinks, chunks of up to 2: ring of 5.
+    kvcache::sliding_window_cache<Element, heads> cache(1, 1, 4, 2, 2);
+    CHECK(cache.ring() == 5);
+    const auto a = cache.add_sequence();
+    using E = kvcache::error_code;
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"append of 3", "max_chunk 2"}, [&] { cache.begin_append(a, 3); });
+    for (int i = 0; i < 5; ++i) append_all_layers(cache, a, 2, i);  // length 10: positions 2..4 evicted
+    CHECK(cache.present_positions(a) == std::vector<int>{0, 1, 5, 6, 7, 8, 9});
+    const auto k = test_support::rows<Element, heads>(2, 1);
+    check_fails(__LINE__, cache, E::out_of_range, {"[3, 4)", "[5, 10)"}, [&] { cache.write(a, 0, 3, k.data(), k.data(), 1); });
+    check_fails(__LINE__, cache, E::out_of_range, {"[1, 3)"}, [&] { cache.write(a, 0, 1, k.data(), k.data(), 2); });
+    std::vector<Element> out(k.size());
+    check_fails(__LINE__, cache, E::out_of_range, {"[4, 6)"}, [&] { cache.read(a, 0, 4, 2, out.data(), out.data()); });
+    check_fails(__LINE__, cache, E::out_of_range, {"to 9", "evicted"}, [&] { cache.truncate(a, 9); });
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"1 slots"}, [&] { cache.add_sequence(); });
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"1 slots"}, [&] { cache.fork(a); });
+    // Before anything is evicted a truncate works.
+    kvcache::sliding_window_cache<Element, heads> small(1, 1, 4, 2, 2);
+    const auto b = small.add_sequence();
+    append_all_layers(small, b, 2, 0);
+    small.truncate(b, 1);
+    CHECK(small.length(b) == 1);
+}
+
+TEST_CASE_TEMPLATE("files: magic, version, configuration, checksum, truncation", Element, float, kvcache::half) {
+    kvcache::paged_cache<Element, heads> source(2, 16, 4);
+    const auto a = source.add_sequence();
+    append_all_layers(source, a, 6, 1);
+    const auto b = source.add_sequence();
+    append_all_layers(source, b, 3, 2);
+    std::ostringstream out;
+    source.save(out);
+    const std::string file = out.str();
+
+    kvcache::paged_cache<Element, heads> target(2, 16, 4);
+    const auto t = target.add_sequence();
+    append_all_layers(target, t, 5, 3);
+    using E = kvcache::error_code;
+    auto load = [&](const std::string& bytes) {
+        std::istringstream in(bytes);
+        return target.load(in);
+    };
+    auto patched = [&](std::size_t offset, std::uint32_t value) {
+        std::string bytes = file;
+        std::memcpy(&bytes[offset], &value, 4);
+        return bytes;
+    };
+    check_fails(__LINE__, target, E::format_error, {"bad magic"}, [&] {
+        std::string bytes = file;
+        bytes[0] = 'X';
+        load(bytes);
+    });
+    check_fails(__LINE__, target, E::format_error, {"version 7"}, [&] { load(patched(8, 7)); });
+    check_fails(__LINE__, target, E::format_error, {"layout 0", "paged"}, [&] { load(patched(12, 0)); });
+    const std::uint32_t other_element = kvcache::element_traits<Element>::kind == kvcache::element_kind::fp32 ? 1 : 0;
+    check_fails(__LINE__, target, E::format_error, {"element kind"}, [&] { load(patched(16, other_element)); });
+    check_fails(__LINE__, target, E::format_error, {"8q/2kv/d8", "4q/2kv/d8"}, [&] { load(patched(20, 8)); });
+    check_fails(__LINE__, target, E::format_error, {"3 layers", "has 2"}, [&] { load(patched(32, 3)); });
+    check_fails(__LINE__, target, E::format_error, {"parameter 0 = 8", "cache's 4"}, [&] { load(patched(36, 8)); });
+    // A flipped data byte (past the header) only the checksum can see.
+    check_fails(__LINE__, target, E::format_error, {"checksum"}, [&] {
+        std::string bytes = file;
+        bytes[bytes.size() - 20] ^= 0x10;
+        load(bytes);
+    });
+    // Every truncation point, from an empty file to one missing its last byte.
+    for (std::size_t cut = 0; cut < file.size(); ++cut) {
+        INFO("cut at ", cut, " of ", file.size());
+        check_fails(__LINE__, target, E::format_error, {"truncated"}, [&] { load(file.substr(0, cut)); });
+    }
+    // Other caches: other layout, other element type, other heads.
+    kvcache::static_cache<Element, heads> contiguous(2, 4, 16);
+    check_fails(__LINE__, contiguous, E::format_error, {"layout 1"}, [&] {
+        std::istringstream in(file);
+        contiguous.load(in);
+    });
+    kvcache::paged_cache<Element, kvcache::head_config<2, 2, 8>> other_heads(2, 16, 4);
+    check_fails(__LINE__, other_heads, E::format_error, {"4q/2kv/d8", "2q/2kv/d8"}, [&] {
+        std::istringstream in(file);
+        other_heads.load(in);
+    });
+    // Too little room: a pool of 2 pages cannot take 2 + 1 pages.
+    kvcache::paged_cache<Element, heads> tiny(2, 2, 4);
+    check_fails(__LINE__, tiny, E::capacity_exceeded, {"needs 3 pages"}, [&] {
+        std::istringstream in(file);
+        tiny.load(in);
+    });
+    // The intact file loads, with the right contents.
+    const auto ids = load(file);
+    REQUIRE(ids.size() == 2);
+    CHECK(target.length(ids[0]) == 6);
+    CHECK(target.length(ids[1]) == 3);
+    std::ostringstream again;
+    target.save(again, ids);
+    CHECK(again.str() == file);
+}
+
+TEST_CASE_TEMPLATE("files: round trip through a file for every layout", Element, float, kvcache::half) {
+    const std::string path = "kvcache_layout_roundtrip_test.bin";
+    kvcache::sliding_window_cache<Element, heads> window(2, 2, 3, 1, 2);
+    const auto a = window.add_sequence();
+    for (int i = 0; i < 6; ++i) append_all_layers(window, a, 2, i);
+    window.save_file(path);
+    kvcache::sliding_window_cache<Element, heads> loaded(2, 2, 3, 1, 2);
+    const auto ids = loaded.load_file(path);
+    REQUIRE(ids.size() == 1);
+    CHECK(snapshot(loaded) == snapshot(window));
+    // A window of another size is another configuration.
+    kvcache::sliding_window_cache<Element, heads> other(2, 2, 4, 1, 2);
+    check_fails(__LINE__, other, kvcache::error_code::format_error, {"parameter 1"}, [&] { other.load_file(path); });
+
+    kvcache::dynamic_cache<Element, heads> dynamic(2, 1, 2);
+    const auto d = dynamic.add_sequence();
+    append_all_layers(dynamic, d, 9, 4);
+    dynamic.save_file(path);
+    kvcache::static_cache<Element, heads> fixed(2, 1, 8);
+    check_fails(__LINE__, fixed, kvcache::error_code::capacity_exceeded, {"saved length 9", "capacity 8"},
+                [&] { fixed.load_file(path); });
+    kvcache::static_cache<Element, heads> roomy(2, 1, 9);
+    CHECK(roomy.load_file(path).size() == 1);
+    CHECK(snapshot(roomy) == snapshot(dynamic));
+    std::remove(path.c_str());
+    check_fails(__LINE__, roomy, kvcache::error_code::io_error, {"cannot open"}, [&] { roomy.load_file(path); });
+}

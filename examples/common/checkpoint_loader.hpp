@@ -103,7 +103,9 @@ inline checkpoint_config parse_model_config(const nlohmann::json& j, const std::
     c.rope_theta = detail::config_number(j, file, "rope_theta", 10000.0);
     c.tie_word_embeddings = detail::config_bool(j, file, "tie_word_embeddings", false);
     c.max_position_embeddings = detail::config_int(j, file, "max_position_embeddings", 0);
+    // Qwen2 always has q/k/v biases and no o_proj bias; Llama's attention_bias puts one on all four.
     c.attention_bias = c.model_type == "qwen2" ? true : detail::config_bool(j, file, "attention_bias", false);
+    c.output_bias = c.model_type == "qwen2" ? false : c.attention_bias;
 
     if (const nlohmann::json* s = detail::config_field(j, "rope_scaling")) {
         require(s->is_object(), error_code::format_error, file, ": rope_scaling is not an object");
@@ -231,6 +233,7 @@ inline model_weights load_checkpoint(const std::string& directory, const checkpo
             layer.bk = files.read(p + "self_attn.k_proj.bias", shape{u(c.kv_width())});
             layer.bv = files.read(p + "self_attn.v_proj.bias", shape{u(c.kv_width())});
         }
+        if (c.output_bias) layer.bo = files.read(p + "self_attn.o_proj.bias", shape{u(c.hidden_size)});
         layer.mlp_norm = files.read(p + "post_attention_layernorm.weight", shape{u(c.hidden_size)});
         layer.w_gate = files.read(p + "mlp.gate_proj.weight", shape{u(c.intermediate_size), u(c.hidden_size)});
         layer.w_up = files.read(p + "mlp.up_proj.weight", shape{u(c.intermediate_size), u(c.hidden_size)});

@@ -33,7 +33,8 @@ struct model_config {
     double rope_theta = 10000.0;
     rope_scaling scaling;
     bool tie_word_embeddings = false;
-    bool attention_bias = false;  ///< q/k/v projections carry a bias (Qwen2)
+    bool attention_bias = false;  ///< q/k/v projections carry a bias (Qwen2; Llama with attention_bias)
+    bool output_bias = false;     ///< o_proj carries a bias (Llama with attention_bias, not Qwen2)
     int max_position_embeddings = 0;  ///< 0: unknown, not enforced
 
     int q_width() const noexcept { return num_query_heads * head_dim; }

@@ -15,6 +15,7 @@ struct layer_weights {
     std::vector<float> attention_norm;  ///< [hidden]
     std::vector<float> wq, wk, wv, wo;  ///< [q_width][hidden], [kv_width][hidden] x2, [hidden][q_width]
     std::vector<float> bq, bk, bv;      ///< empty unless config.attention_bias
+    std::vector<float> bo;              ///< empty unless config.output_bias
     std::vector<float> mlp_norm;        ///< [hidden]
     std::vector<float> w_gate, w_up;    ///< [intermediate][hidden]
     std::vector<float> w_down;          ///< [hidden][intermediate]
@@ -92,6 +93,7 @@ inline model_weights make_random_weights(const model_config& config, std::uint64
             layer.bk = detail::random_matrix(random, 1, config.kv_width());
             layer.bv = detail::random_matrix(random, 1, config.kv_width());
         }
+        if (config.output_bias) layer.bo = detail::random_matrix(random, 1, h);
         layer.mlp_norm = detail::random_norm(random, h);
         layer.w_gate = detail::random_matrix(random, config.intermediate_size, h);
         layer.w_up = detail::random_matrix(random, config.intermediate_size, h);

@@ -63,7 +63,7 @@ public:
             rope_.apply(q_.data(), count, c.num_query_heads, first_position);
             rope_.apply(k_.data(), count, c.num_kv_heads, first_position);
             attention.attend(l, q_.data(), k_.data(), v_.data(), count, attn_.data());
-            matmul(pool_, attn_.data(), count, c.q_width(), w.wo.data(), nullptr, c.hidden_size, proj_.data());
+            matmul(pool_, attn_.data(), count, c.q_width(), w.wo.data(), bias(w.bo), c.hidden_size, proj_.data());
             for (std::size_t i = 0; i < rows * h; ++i) x_[i] += proj_[i];
 
             rms_norm(x_.data(), count, c.hidden_size, w.mlp_norm.data(), c.rms_norm_eps, normed_.data());

@@ -53,7 +53,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 }  // namespace
 
 TEST_CASE("a written checkpoint loads back bit for bit, in one file or sharded") {
-    for (const char* type : {"llama", "qwen2"})
+    for (const char* type : {"llama", "qwen2", "llama_bias"})
         for (bool tied : {false, true})
             for (int shards : {1, 3}) {
                 CAPTURE(type);
@@ -67,7 +67,8 @@ TEST_CASE("a written checkpoint loads back bit for bit, in one file or sharded")
                 write_checkpoint(dir, weights, dtypes, shards);
                 auto config = read_model_config(dir);
                 CHECK(config.model.heads() == c.heads());
-                CHECK(config.model.attention_bias == (std::string(type) == "qwen2"));
+                CHECK(config.model.attention_bias == (std::string(type) != "llama"));
+                CHECK(config.model.output_bias == (std::string(type) == "llama_bias"));
                 CHECK(config.model.tie_word_embeddings == tied);
                 auto loaded = load_checkpoint(dir, config);
                 CHECK(loaded.lm_head.empty() == tied);

@@ -86,7 +86,8 @@ inline std::string config_json(const model_config& c) {
            ",\n  \"num_key_value_heads\": " + s(c.num_kv_heads) + ",\n  \"head_dim\": " + s(c.head_dim) +
            ",\n  \"intermediate_size\": " + s(c.intermediate_size) + ",\n  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": " +
            s(c.rope_theta) + ",\n  \"hidden_act\": \"silu\",\n  \"tie_word_embeddings\": " +
-           (c.tie_word_embeddings ? "true" : "false") + ",\n  \"torch_dtype\": \"float32\",\n  \"rope_scaling\": null\n}\n";
+           (c.tie_word_embeddings ? "true" : "false") + ",\n  \"attention_bias\": " +
+           (c.model_type != "qwen2" && c.attention_bias ? "true" : "false") + ",\n  \"torch_dtype\": \"float32\",\n  \"rope_scaling\": null\n}\n";
 }
 
 /// The tensors of a model in Hugging Face names; `dtype_of(index)` picks each tensor's dtype.
@@ -111,6 +112,7 @@ inline std::vector<tensor_to_write> checkpoint_tensors(const model_weights& w, c
             add(p + "self_attn.k_proj.bias", {u(c.kv_width())}, L.bk);
             add(p + "self_attn.v_proj.bias", {u(c.kv_width())}, L.bv);
         }
+        if (c.output_bias) add(p + "self_attn.o_proj.bias", {u(c.hidden_size)}, L.bo);
         add(p + "post_attention_layernorm.weight", {u(c.hidden_size)}, L.mlp_norm);
         add(p + "mlp.gate_proj.weight", {u(c.intermediate_size), u(c.hidden_size)}, L.w_gate);
         add(p + "mlp.up_proj.weight", {u(c.intermediate_size), u(c.hidden_size)}, L.w_up);
@@ -134,7 +136,9 @@ inline model_config tiny_config(const std::string& model_type = "llama") {
     c.intermediate_size = 128;
     c.rms_norm_eps = 1e-5f;
     c.rope_theta = 10000.0;
-    c.attention_bias = model_type == "qwen2";
+    c.attention_bias = model_type == "qwen2" || model_type == "llama_bias";
+    c.output_bias = model_type == "llama_bias";
+    if (model_type == "llama_bias") c.model_type = "llama";
     return c;
 }
 

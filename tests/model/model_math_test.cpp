@@ -95,6 +95,7 @@ TEST_CASE("cached generation (naive test cache) gives the tokens of recomputatio
     c.head_dim = 16;
     c.intermediate_size = 80;
     c.attention_bias = true;
+    c.output_bias = true;
     llama_model model(make_random_weights(c, 11), pool);
     std::vector<int> prompt{5, 17, 3, 90, 42, 8};
     recompute_attention recompute(c, pool, kvcache::element_kind::fp32);

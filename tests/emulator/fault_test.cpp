@@ -193,37 +193,48 @@ TEST_CASE("lanes of one warp in different warp collectives") {
 }
 
 TEST_CASE("shared memory outside the launch size") {
-    SUBCASE("an array past the end") {
-        const std::string message = fault_message([] { emulate<shared_body>(index3{}, 64, shared_params{32, 9, 0}); });
+    kvcache::for_each_schedule([](const emulator_options& options) {
+        const auto run = [&](shared_params p) { emulate<shared_body>(index3{}, 64, p, options); };
+        std::string message = fault_message([&] { run(shared_params{32, 9, 0}); });
         CHECK(contains(message, "kernel shared, block (0,0,0), thread "));
         CHECK(contains(message, "shared_array of 9 x 4 bytes at byte offset 32 exceeds the 64 shared bytes"));
-    }
-    SUBCASE("an index past the array") {
-        const std::string message = fault_message([] { emulate<shared_body>(index3{}, 64, shared_params{0, 16, 16}); });
+        message = fault_message([&] { run(shared_params{0, 16, 16}); });
         CHECK(contains(message, "thread 9 (warp 0, lane 9): shared_array index 16 is outside its 16 elements"));
-    }
-    SUBCASE("a negative index") {
-        const std::string message = fault_message([] { emulate<shared_body>(index3{}, 64, shared_params{0, 16, -1}); });
+        message = fault_message([&] { run(shared_params{0, 16, -1}); });
         CHECK(contains(message, "shared_array index -1 is outside"));
-    }
-    SUBCASE("a misaligned array") {
-        const std::string message = fault_message([] { emulate<shared_body>(index3{}, 64, shared_params{2, 4, 0}); });
+        message = fault_message([&] { run(shared_params{2, 4, 0}); });
         CHECK(contains(message, "byte offset 2 is not aligned to 4"));
-    }
-    SUBCASE("in bounds is fine") {
-        CHECK_NOTHROW(emulate<shared_body>(index3{}, 64, shared_params{0, 16, 15}));
-    }
+        CHECK_NOTHROW(run(shared_params{0, 16, 15}));
+    }, schedules);
 }
 
 TEST_CASE("a misaligned 16-byte access") {
     alignas(16) unsigned char source[16 * 33] = {};
     alignas(16) unsigned char out[16 * 32], out2[16 * 32];
-    const std::string message =
-        fault_message([&] { emulate<copy16_body>(index3{}, 0, copy16_params{source, out, out2, 4}); });
-    CHECK(contains(message, "kernel copy16, block (0,0,0), thread "));
-    CHECK(contains(message, "load16 at address 0x"));
-    CHECK(contains(message, "is not 16-byte aligned (off by 4)"));
-    CHECK_NOTHROW(emulate<copy16_body>(index3{}, 0, copy16_params{source, out, out2, 16}));
+    kvcache::for_each_schedule([&](const emulator_options& options) {
+        const std::string message =
+            fault_message([&] { emulate<copy16_body>(index3{}, 0, copy16_params{source, out, out2, 4}, options); });
+        CHECK(contains(message, "kernel copy16, block (0,0,0), thread "));
+        CHECK(contains(message, "load16 at address 0x"));
+        CHECK(contains(message, "is not 16-byte aligned (off by 4)"));
+        CHECK_NOTHROW(emulate<copy16_body>(index3{}, 0, copy16_params{source, out, out2, 16}, options));
+    }, schedules);
+}
+
+struct nested_body {
+    static constexpr const char* name = "nested";
+    static constexpr int block_threads = 32;
+    template <class Context>
+    void operator()(Context&, const no_params&) const {
+        emulate<shared_body>(index3{}, 64, shared_params{0, 1, 0});
+    }
+};
+
+TEST_CASE("emulate called from inside a kernel body is refused") {
+    CHECK_THROWS_WITH_AS(emulate<nested_body>(index3{}, 0, no_params{}),
+                         "kvcache: invalid_argument: emulate called from inside an emulated kernel body",
+                         kvcache::error);
+    CHECK_NOTHROW(emulate<shared_body>(index3{}, 64, shared_params{0, 1, 0}));
 }
 
 TEST_CASE("launches no GPU accepts") {

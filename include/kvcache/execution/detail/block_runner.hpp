@@ -99,8 +99,13 @@ public:
           block_values_(static_cast<std::size_t>(block_threads)),
           order_(static_cast<std::size_t>(block_threads)),
           shared_memory_(new (std::align_val_t{64}) unsigned char[shared_allocation(shared_bytes)]) {
+        // The stack pool of this OS thread is in use while a runner lives: no nesting.
+        if (runner_alive())
+            throw_error(error_code::invalid_argument, "emulate called from inside an emulated kernel body");
         thread_stack_pool().reserve(block_threads, options.stack_bytes);
+        runner_alive() = true;
     }
+    ~block_runner() { runner_alive() = false; }
 
     block_runner(const block_runner&) = delete;
     block_runner& operator=(const block_runner&) = delete;
@@ -217,6 +222,11 @@ private:
     };
 
     static std::size_t shared_allocation(std::size_t bytes) noexcept { return (bytes + 63u) / 64u * 64u + 64u; }
+
+    static bool& runner_alive() noexcept {
+        static thread_local bool alive = false;
+        return alive;
+    }
 
     static block_runner*& current_runner() noexcept {
         static thread_local block_runner* runner = nullptr;

@@ -35,7 +35,8 @@
 //                                               contains its own barriers, every thread must call
 //   shared_array<T>(byte_offset, count);        view of count T's of dynamic shared memory at
 //                                               byte_offset; operator[] gives T& (bounds-checked
-//                                               under the emulator); data(), size()
+//                                               under the emulator); data(), size(). In a body
+//                                               templated on Context write ctx.template shared_array<T>(...)
 //   std::size_t shared_bytes() const;           the dynamic shared memory size given at launch
 //   vector16 load16(const void* address);       16-byte load; address 16-byte aligned
 //   void store16(void* address, const vector16&); 16-byte store; address 16-byte aligned

@@ -149,11 +149,11 @@ public:
     stack_pool& operator=(const stack_pool&) = delete;
     ~stack_pool() { release(); }
 
-    /// Ensures at least `count` stacks of `bytes` usable bytes each.
+    /// Ensures at least `count` stacks of at least `bytes` usable bytes each.
     void reserve(int count, std::size_t bytes) {
         const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
         const std::size_t rounded = (bytes + page - 1) / page * page;
-        if (count <= count_ && rounded == stack_bytes_) return;
+        if (count <= count_ && rounded <= stack_bytes_) return;  // larger stacks serve smaller requests
         release();
         const std::size_t stride = rounded + page;
         void* memory = mmap(nullptr, stride * static_cast<std::size_t>(count), PROT_READ | PROT_WRITE,

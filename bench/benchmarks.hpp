@@ -1,0 +1,24 @@
+// The benchmarks of kvcache_bench, one function each, each in its own file.
+#pragma once
+
+#include "harness/options.hpp"
+#include "harness/report.hpp"
+
+namespace kvcache::bench {
+
+/// A benchmark: runs its configurations and adds one result per configuration.
+using benchmark_function = void (*)(const options&, report&);
+
+/// A benchmark's name (as in the JSON) and its function.
+struct benchmark_entry {
+    const char* name;
+    benchmark_function run;
+};
+
+void run_generation(const options&, report&);
+void run_decode_bandwidth(const options&, report&);
+void run_layout_overhead(const options&, report&);
+void run_memory_waste(const options&, report&);
+void run_prefill(const options&, report&);
+
+}  // namespace kvcache::bench

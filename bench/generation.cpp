@@ -1,0 +1,104 @@
+// generation: the model of examples/02_generate (a Llama-architecture
+// decoder, random weights) generating greedily, recomputing every past
+// token's K/V at each step vs with kvcache (paged, fp32), by context length.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "benchmarks.hpp"
+#include "common/kvcache_attention.hpp"
+#include "common/tiny_llama.hpp"
+#include "harness/timing.hpp"
+
+namespace kvcache::bench {
+
+namespace {
+
+namespace ex = kvcache::examples;
+
+// The head shape of 02_generate: compiled into kvcache's views.
+using model_heads = head_config<8, 2, 32>;
+
+/// 02_generate's model configuration.
+ex::model_config generation_config(int layers) {
+    ex::model_config config;
+    config.model_type = "llama";
+    config.vocab_size = 2048;
+    config.hidden_size = 256;
+    config.num_layers = layers;
+    config.num_query_heads = model_heads::query_heads;
+    config.num_kv_heads = model_heads::kv_heads;
+    config.head_dim = model_heads::head_dim;
+    config.intermediate_size = 768;
+    config.rms_norm_eps = 1e-5f;
+    config.rope_theta = 10000.0;
+    return config;
+}
+
+/// Per-token seconds of steps [first, end) of a trace.
+timing steps_timing(const ex::generation_trace& trace, int first) {
+    return summarise(std::vector<double>(trace.step_seconds.begin() + first, trace.step_seconds.end()));
+}
+
+}  // namespace
+
+void run_generation(const options& opts, report& out) {
+    const int layers = opts.quick ? 2 : 4;
+    const ex::model_config config = generation_config(layers);
+    ex::thread_pool pool(opts.threads);
+    ex::llama_model model(ex::make_random_weights(config, 1), pool);
+    ex::cache_options cache;
+    cache.layout = layout_kind::paged;
+    cache.element = element_kind::fp32;
+    cache.page_size = 16;
+
+    const std::vector<int> contexts =
+        opts.quick ? std::vector<int>{64, 256} : std::vector<int>{128, 256, 512, 1024, 2048, 4096};
+    ex::seeded_random prompt_random(7919u + 17u);
+    for (int context : contexts) {
+        std::vector<int> prompt(context);
+        for (auto& t : prompt) t = int(prompt_random.next() % std::uint64_t(config.vocab_size));
+        // Step 0 is the prompt (prefill / first full pass); then warm-up steps,
+        // then the measured ones. Recomputing is slow at long contexts, so
+        // fewer of its steps are measured there; both generate the same count.
+        const int repeats = (!opts.quick && context >= 2048) ? 5 : opts.repeats();
+        const int first_measured = 1 + opts.warmup();
+        const int steps = first_measured + repeats;
+        ex::generation_options options;
+        options.keep_logits = true;
+        ex::recompute_attention recompute(config, pool, cache.element, cache.visibility());
+        const ex::generation_trace slow =
+            ex::generate(model, prompt, steps, recompute, ex::generation_mode::recompute, options);
+        const ex::generation_trace fast = ex::generate_with_kvcache<model_heads>(model, prompt, steps, cache, options).trace;
+
+        const timing recompute_time = steps_timing(slow, first_measured);
+        const timing cached_time = steps_timing(fast, first_measured);
+        double max_logit_diff = 0;
+        for (std::size_t s = 0; s < slow.logits.size(); ++s)
+            for (std::size_t i = 0; i < slow.logits[s].size(); ++i)
+                max_logit_diff = std::max(max_logit_diff, double(std::fabs(slow.logits[s][i] - fast.logits[s][i])));
+
+        nlohmann::json metrics;
+        add_timing(metrics, "cached_ms_per_token", cached_time, 1e3);
+        add_timing(metrics, "recompute_ms_per_token", recompute_time, 1e3);
+        metrics["latency_reduction"] = 1.0 - cached_time.median / recompute_time.median;
+        metrics["throughput_ratio"] = recompute_time.median / cached_time.median;
+        metrics["cached_tokens_per_s"] = 1.0 / cached_time.median;
+        metrics["recompute_tokens_per_s"] = 1.0 / recompute_time.median;
+        metrics["cached_prefill_ms"] = fast.step_seconds[0] * 1e3;
+        metrics["tokens_identical"] = slow.tokens == fast.tokens;
+        metrics["max_logit_diff"] = max_logit_diff;
+        out.add({"generation",
+                 {{"context", context},
+                  {"model", config.describe()},
+                  {"layout", "paged"},
+                  {"element", "fp32"},
+                  {"page_size", cache.page_size},
+                  {"measured_steps", repeats},
+                  {"threads", pool.size()}},
+                 metrics});
+    }
+}
+
+}  // namespace kvcache::bench

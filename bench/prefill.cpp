@@ -1,0 +1,73 @@
+// prefill: append attention (cpu::append of the chunk's K/V, then
+// cpu::prefill_attention over prefix + chunk) by chunk size, after a prefix
+// already in a paged cache: tokens/s and GFLOP/s of the attention.
+#include <cstdio>
+#include <vector>
+
+#include "benchmarks.hpp"
+#include "harness/timing.hpp"
+#include "kvcache/backend/cpu.hpp"
+#include "support/filled_cache.hpp"
+
+namespace kvcache::bench {
+
+namespace {
+
+template <class Element>
+void prefill_chunks(const options& opts, report& out, int prefix, const std::vector<int>& chunks) {
+    using heads = bench_heads;
+    int longest = 0;
+    for (int c : chunks) longest = std::max(longest, c);
+    auto filled = make_paged<Element>(1, prefix + longest);  // pages for the longest chunk too
+    paged_cache<Element, heads>& cache = *filled.cache;
+    const sequence_id id = filled.batch[0];
+    constexpr std::size_t q_row = std::size_t(heads::query_heads) * heads::head_dim;
+    constexpr std::size_t kv_row = std::size_t(heads::kv_heads) * heads::head_dim;
+    for (int chunk : chunks) {
+        const std::vector<float> queries = random_floats(chunk * q_row, 3);
+        const std::vector<float> keys = random_floats(chunk * kv_row, 4), values = random_floats(chunk * kv_row, 5);
+        std::vector<float> outputs(chunk * q_row);
+        const int offsets[2] = {0, chunk};
+        auto step = [&] {
+            cache.truncate(id, prefix);
+            cache.begin_append(id, chunk);
+            const auto view = cache.view(0, filled.batch);
+            cpu::append(view, keys.data(), values.data(), offsets);
+            cpu::prefill_attention(view, queries.data(), offsets, outputs.data());
+        };
+        const timing t = measure_for(step, opts.warmup(), opts.repeats(), opts.min_seconds());
+        // Causal: chunk token i sees prefix + i + 1 keys; QK^T and PV cost
+        // 2 * head_dim multiply-adds per key and query head each.
+        const double keys_seen = double(chunk) * prefix + double(chunk) * (chunk + 1) / 2.0;
+        const double flops = 4.0 * heads::query_heads * heads::head_dim * keys_seen;
+        nlohmann::json metrics;
+        add_timing(metrics, "ms_per_chunk", t, 1e3);
+        metrics["tokens_per_s"] = chunk / t.median;
+        metrics["tokens_per_s_min"] = chunk / t.max;
+        metrics["tokens_per_s_max"] = chunk / t.min;
+        metrics["runs"] = t.runs;
+        metrics["gflop_per_s"] = flops / t.median / 1e9;
+        metrics["gflop_per_s_min"] = flops / t.max / 1e9;
+        metrics["gflop_per_s_max"] = flops / t.min / 1e9;
+        out.add({"prefill",
+                 {{"layout", "paged"},
+                  {"element", to_string(element_traits<Element>::kind)},
+                  {"chunk", chunk},
+                  {"prefix", prefix},
+                  {"batch", 1},
+                  {"heads", "32q/8kv/d128"},
+                  {"threads", opts.threads}},
+                 metrics});
+    }
+}
+
+}  // namespace
+
+void run_prefill(const options& opts, report& out) {
+    const int prefix = opts.quick ? 128 : 1024;
+    const std::vector<int> chunks = opts.quick ? std::vector<int>{16, 64} : std::vector<int>{16, 64, 256, 1024};
+    prefill_chunks<float>(opts, out, prefix, chunks);
+    prefill_chunks<half>(opts, out, prefix, chunks);
+}
+
+}  // namespace kvcache::bench

@@ -1,0 +1,32 @@
+# Fails when a header includes a header of a higher layer. The order is the
+# one in docs/architecture.md: core < execution, layout < cache, kernels < backend.
+# (execution and layout are independent of each other; cache may not see
+# execution or kernels; kernels may not see cache.)
+# Input: INCLUDE_DIR (the include/ folder).
+cmake_minimum_required(VERSION 3.25)
+set(allowed_core core)
+set(allowed_execution core execution)
+set(allowed_layout core layout)
+set(allowed_cache core layout cache)
+set(allowed_kernels core execution layout kernels)
+set(allowed_backend core execution layout cache kernels backend)
+
+set(violations "")
+foreach(layer core execution layout cache kernels backend)
+    file(GLOB_RECURSE headers ${INCLUDE_DIR}/kvcache/${layer}/*.hpp ${INCLUDE_DIR}/kvcache/${layer}/*.cuh)
+    foreach(header IN LISTS headers)
+        file(STRINGS ${header} lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]kvcache/")
+        foreach(line IN LISTS lines)
+            string(REGEX MATCH "kvcache/([a-z_]+)" _ "${line}")
+            set(target ${CMAKE_MATCH_1})
+            if(target MATCHES "^(core|execution|layout|cache|kernels|backend)$" AND NOT target IN_LIST allowed_${layer})
+                file(RELATIVE_PATH rel ${INCLUDE_DIR} ${header})
+                string(APPEND violations "  ${rel} (layer ${layer}) includes ${line}\n")
+            endif()
+        endforeach()
+    endforeach()
+endforeach()
+if(violations)
+    message(FATAL_ERROR "kvcache layering broken, a lower layer includes a higher one:\n${violations}")
+endif()
+message(STATUS "kvcache layering: every header includes only its own or lower layers")

@@ -15,15 +15,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/arguments.hpp"
-#include "common/kvcache_attention.hpp"
-#include "common/tiny_llama.hpp"
+#include "common/generation_comparison.hpp"
 
 namespace ex = kvcache::examples;
 
 namespace {
-
-// The head shape is a compile-time property of kvcache's views; the rest of the model is runtime.
-using model_heads = kvcache::head_config<8, 2, 32>;
 
 const char* usage = R"(usage: 02_generate [options]
 
@@ -49,33 +45,6 @@ options:
   --help               this text
 )";
 
-struct measurement {
-    int context = 0;
-    double recompute_ms = 0, cached_ms = 0;       // median per generated token after the first
-    double recompute_tps = 0, cached_tps = 0;     // generated tokens after the first / their total time
-    double recompute_first_ms = 0, cached_prefill_ms = 0;
-    bool identical = false;
-    double max_logit_diff = 0;
-};
-
-// The first step includes the prompt; per-token figures use the steps after it (all of them if only one).
-std::vector<double> decode_steps(const std::vector<double>& seconds) {
-    if (seconds.size() == 1) return seconds;
-    return std::vector<double>(seconds.begin() + 1, seconds.end());
-}
-
-// The median resists the odd step a busy machine stretches.
-double median_ms(std::vector<double> seconds) {
-    std::sort(seconds.begin(), seconds.end());
-    std::size_t n = seconds.size();
-    return (n % 2 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2) * 1e3;
-}
-
-double tokens_per_second(const std::vector<double>& seconds) {
-    double sum = 0;
-    for (double s : seconds) sum += s;
-    return static_cast<double>(seconds.size()) / sum;
-}
 
 // Prints a progress line at most once a second, so long runs show they are alive.
 class progress_line {
@@ -122,17 +91,7 @@ int run(int argc, char** argv) {
     const int seed = args.integer("--seed", 1, 0, 1 << 30);
     const std::string json_path = args.text("--json", "");
 
-    ex::model_config config;
-    config.model_type = "llama";
-    config.vocab_size = 2048;
-    config.hidden_size = 256;
-    config.num_layers = layers;
-    config.num_query_heads = model_heads::query_heads;
-    config.num_kv_heads = model_heads::kv_heads;
-    config.head_dim = model_heads::head_dim;
-    config.intermediate_size = 768;
-    config.rms_norm_eps = 1e-5f;
-    config.rope_theta = 10000.0;
+    const ex::model_config config = ex::flagship_config(layers);
 
     ex::thread_pool pool(threads);
     kvcache::cpu::set_thread_count(threads);
@@ -153,40 +112,15 @@ int run(int argc, char** argv) {
         std::printf("note: the recompute path applies the same window and sinks, so both compute the same model\n");
     std::printf("\n");
 
-    std::vector<measurement> results;
+    std::vector<ex::generation_comparison> results;
     progress_line progress;
-    ex::seeded_random prompt_random(static_cast<std::uint64_t>(seed) * 7919u + 17u);
     for (int context : contexts) {
-        std::vector<int> prompt(context);
-        for (auto& t : prompt) t = static_cast<int>(prompt_random.next() % static_cast<std::uint64_t>(config.vocab_size));
-
-        ex::generation_options options;
-        options.keep_logits = true;
-        options.progress = [&](int step) {
-            progress.update("context " + std::to_string(context) + ": recompute step " + std::to_string(step + 1) + "/" +
+        std::vector<int> prompt = ex::seeded_prompt(context, config.vocab_size, static_cast<std::uint64_t>(seed));
+        auto m = ex::compare_generation<ex::flagship_heads>(model, prompt, new_tokens, cache, [&](const char* path, int step) {
+            progress.update("context " + std::to_string(context) + ": " + path + " step " + std::to_string(step + 1) + "/" +
                             std::to_string(new_tokens));
-        };
-        ex::recompute_attention recompute(config, pool, cache.element, cache.visibility());
-        ex::generation_trace slow = ex::generate(model, prompt, new_tokens, recompute, ex::generation_mode::recompute, options);
-        options.progress = [&](int step) {
-            progress.update("context " + std::to_string(context) + ": cached step " + std::to_string(step + 1) + "/" +
-                            std::to_string(new_tokens));
-        };
-        ex::generation_trace fast = ex::generate_with_kvcache<model_heads>(model, prompt, new_tokens, cache, options).trace;
+        });
         progress.clear();
-
-        measurement m;
-        m.context = context;
-        m.recompute_ms = median_ms(decode_steps(slow.step_seconds));
-        m.cached_ms = median_ms(decode_steps(fast.step_seconds));
-        m.recompute_tps = tokens_per_second(decode_steps(slow.step_seconds));
-        m.cached_tps = tokens_per_second(decode_steps(fast.step_seconds));
-        m.recompute_first_ms = slow.step_seconds[0] * 1e3;
-        m.cached_prefill_ms = fast.step_seconds[0] * 1e3;
-        m.identical = slow.tokens == fast.tokens;
-        for (std::size_t s = 0; s < slow.logits.size(); ++s)
-            for (std::size_t i = 0; i < slow.logits[s].size(); ++i)
-                m.max_logit_diff = std::max(m.max_logit_diff, double(std::fabs(slow.logits[s][i] - fast.logits[s][i])));
         results.push_back(m);
         if (results.size() == 1) {
             std::printf("%7s | %16s | %13s | %8s | %15s | %12s | %9s | %14s\n", "context", "recompute ms/tok",
@@ -237,6 +171,7 @@ int run(int argc, char** argv) {
                                     {"recompute_first_step_ms", m.recompute_first_ms},
                                     {"cached_prefill_ms", m.cached_prefill_ms},
                                     {"tokens_identical", m.identical},
+                                    {"cache_bytes_reserved", m.cache_bytes},
                                     {"max_logit_diff", m.max_logit_diff}});
         std::ofstream out(json_path);
         out << j.dump(2) << "\n";

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Turns kvcache_bench JSON into PNG charts.
 
-latency_vs_context.png: per-token latency with the cache and recomputing, by context length.
-bandwidth_fraction.png: decode attention's fraction of the measured read bandwidth, by configuration.
+latency_vs_context.png: per-token latency with the cache and recomputing, by context length
+    (median, bars from min to max).
+bandwidth_fraction.png: decode attention's fraction of the streaming-read bandwidth measured in
+    the same run, by layout, element type, batch and context (hatched: the K/V fit the LLC).
 """
 import argparse
 import json
@@ -18,54 +20,94 @@ def load(path):
     return data
 
 
+def rows_of(data, benchmark):
+    return [r for r in data["results"] if r["benchmark"] == benchmark]
+
+
 def latency_chart(plt, data, out_dir):
-    rows = [r for r in data["results"] if r["benchmark"] == "generation"]
+    rows = rows_of(data, "generation")
     if not rows:
         return None
     rows.sort(key=lambda r: r["params"]["context"])
     contexts = [r["params"]["context"] for r in rows]
-    cached = [r["metrics"]["cached_ms_per_token"] for r in rows]
-    recompute = [r["metrics"]["recompute_ms_per_token"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(contexts, recompute, "o-", label="recompute every step")
-    ax.plot(contexts, cached, "s-", label="with kvcache")
+    for key, label, style in (("recompute_ms_per_token", "recompute every step (no cache)", "o-"),
+                              ("cached_ms_per_token", "with kvcache (paged, fp32)", "s-")):
+        median = [r["metrics"][key] for r in rows]
+        low = [m - r["metrics"].get(key + "_min", m) for m, r in zip(median, rows)]
+        high = [r["metrics"].get(key + "_max", m) - m for m, r in zip(median, rows)]
+        ax.errorbar(contexts, median, yerr=[low, high], fmt=style, capsize=3, label=label)
+    for r in rows:
+        ax.annotate(f'-{100 * r["metrics"]["latency_reduction"]:.0f}%',
+                    (r["params"]["context"], r["metrics"]["cached_ms_per_token"]),
+                    textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(contexts)
+    ax.set_xticklabels([str(c) for c in contexts])
     ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("per-token latency (ms, median)")
-    ax.set_title("Generation: per-token latency")
+    ax.set_ylabel("per-token latency (ms, median; bars min-max)")
+    model = rows[0]["params"].get("model", "")
+    ax.set_title(f"Generation, 02_generate model ({model})", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     path = os.path.join(out_dir, "latency_vs_context.png")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     return path
 
 
 def bandwidth_chart(plt, data, out_dir):
-    rows = [r for r in data["results"] if r["benchmark"] == "decode_bandwidth"]
+    rows = rows_of(data, "decode_bandwidth")
     if not rows:
         return None
-    labels, values = [], []
-    for r in rows:
-        p = r["params"]
-        labels.append(f'{p.get("layout")}/{p.get("element")} b{p.get("batch")} c{p.get("context")}')
-        values.append(r["metrics"]["fraction_of_measured_bandwidth"])
-    fig, ax = plt.subplots(figsize=(max(7, len(rows) * 0.35), 5))
-    ax.bar(range(len(values)), values)
-    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-    ax.set_xticks(range(len(values)))
-    ax.set_xticklabels(labels, rotation=90, fontsize=7)
-    ax.set_ylabel("fraction of measured read bandwidth")
-    ax.set_title("Decode attention: bytes moved / time vs streaming read")
+    layouts = sorted({r["params"]["layout"] for r in rows}, key=["contiguous", "paged", "sliding_window"].index)
+    shapes = sorted({(r["params"]["batch"], r["params"]["context"]) for r in rows})
+    elements = ["fp32", "fp16"]
+    fig, axes = plt.subplots(1, len(layouts), figsize=(5 * len(layouts), 4.8), sharey=True, squeeze=False)
+    bandwidth = data["machine"].get("read_bandwidth", {}).get("gbytes_per_s")
+    width = 0.4
+    for ax, layout in zip(axes[0], layouts):
+        for e, element in enumerate(elements):
+            xs, ys, fits = [], [], []
+            for i, (batch, context) in enumerate(shapes):
+                match = [r for r in rows if r["params"]["layout"] == layout and r["params"]["element"] == element
+                         and r["params"]["batch"] == batch and r["params"]["context"] == context]
+                if match:
+                    xs.append(i + (e - 0.5) * width)
+                    ys.append(match[0]["metrics"]["fraction_of_measured_bandwidth"])
+                    fits.append(match[0]["metrics"].get("fits_in_llc", False))
+            bars = ax.bar(xs, ys, width, color=f"C{e}")
+            for bar, fit in zip(bars, fits):
+                if fit:
+                    bar.set_hatch("//")
+        ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+        ax.axhline(0.7, color="red", linestyle=":", linewidth=1)
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels([f"b{b}\nc{c}" for b, c in shapes], fontsize=7)
+        ax.set_title(layout)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("fraction of measured read bandwidth")
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    handles = [Patch(color=f"C{e}", label=element) for e, element in enumerate(elements)]
+    handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="K/V fit the LLC"),
+                Line2D([], [], color="red", linestyle=":", label="target 0.7")]
+    axes[0][0].legend(handles=handles, fontsize=8)
+    title = "Decode attention: (K/V + Q/O bytes) / time over the same run's streaming read"
+    if bandwidth:
+        title += f" ({bandwidth:.1f} GB/s)"
+    fig.suptitle(title, fontsize=9)
     path = os.path.join(out_dir, "bandwidth_fraction.png")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     return path
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json_file")
     parser.add_argument("--out", default=".", help="folder for the PNG files")
     args = parser.parse_args()

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Prints kvcache_bench JSON as Markdown tables (medians with [min, max]), for docs/performance.md.
+
+usage: bench/markdown.py results.json > tables.md   (standard library only)
+"""
+import json
+import sys
+
+
+def fmt(value, digits=3):
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def spread(m, key, digits=3):
+    """median [min, max] of a metric with _min/_max siblings."""
+    text = fmt(m[key], digits)
+    if key + "_min" in m and key + "_max" in m:
+        text += f" [{fmt(m[key + '_min'], digits)}, {fmt(m[key + '_max'], digits)}]"
+    return text
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    with open(sys.argv[1]) as f:
+        data = json.load(f)
+    results = data["results"]
+
+    def of(name):
+        return [r for r in results if r["benchmark"] == name]
+
+    rows = []
+    for r in of("generation"):
+        p, m = r["params"], r["metrics"]
+        rows.append([str(p["context"]), spread(m, "recompute_ms_per_token"), spread(m, "cached_ms_per_token"),
+                     f'{100 * m["latency_reduction"]:.1f}%', fmt(m["throughput_ratio"]),
+                     fmt(m["tokens_identical"]), fmt(m["max_logit_diff"], 2)])
+    if rows:
+        print("### generation\n")
+        print(table(["context", "recompute ms/token", "cached ms/token", "latency_reduction", "throughput_ratio",
+                     "tokens_identical", "max logit diff"], rows))
+
+    rows = []
+    for r in of("decode_bandwidth"):
+        p, m = r["params"], r["metrics"]
+        rows.append([p["layout"], p["element"], str(p["batch"]), str(p["context"]), spread(m, "ms_per_call"),
+                     spread(m, "gbytes_per_s"), fmt(m["fraction_of_measured_bandwidth"], 2),
+                     "yes" if m.get("fits_in_llc") else "no"])
+    if rows:
+        bw = data["machine"].get("read_bandwidth", {})
+        print("### decode_bandwidth\n")
+        if bw:
+            print(f'Streaming read, same run: {fmt(bw["gbytes_per_s"])} GB/s [{fmt(bw["gbytes_per_s_min"])}, '
+                  f'{fmt(bw["gbytes_per_s_max"])}] over {bw["buffer_mib"]:.0f} MiB with {bw["threads"]} threads'
+                  + (f'; over {bw["in_cache_buffer_mib"]:.0f} MiB: {fmt(bw["in_cache_gbytes_per_s"])} GB/s'
+                     if "in_cache_gbytes_per_s" in bw else "") + ".\n")
+        print(table(["layout", "element", "batch", "context", "ms/call", "GB/s", "fraction_of_measured_bandwidth",
+                     "K/V fit LLC"], rows))
+
+    rows = []
+    for r in of("layout_overhead"):
+        p, m = r["params"], r["metrics"]
+        rows.append([p["layout"], p["element"], str(p["batch"]), str(p["context"]),
+                     fmt(m["ratio_to_contiguous"]) + f' [{fmt(m["ratio_min"])}, {fmt(m["ratio_max"])}]',
+                     spread(m, "layout_ms"), spread(m, "contiguous_ms"), str(p["rounds"])])
+    if rows:
+        print("### layout_overhead\n")
+        print(table(["layout", "element", "batch", "context", "ratio_to_contiguous [paired min, max]",
+                     "layout ms", "contiguous ms", "rounds"], rows))
+
+    rows = []
+    for r in of("memory_waste"):
+        p, m = r["params"], r["metrics"]
+        rows.append([p["workload"], p["layout"], str(p["requests"]), str(p["max_length"]),
+                     f'{p["length_mean"]:.0f} / {p["length_median"]} / {p["length_max"]}',
+                     f'{m["reserved_bytes"] / 2**20:.1f}', f'{m["live_bytes"] / 2**20:.1f}',
+                     f'{100 * m["waste_fraction"]:.2f}%'])
+    if rows:
+        print("### memory_waste\n")
+        print(table(["workload", "layout", "requests", "max length", "length mean / median / max",
+                     "reserved MiB", "live MiB", "waste_fraction"], rows))
+
+    rows = []
+    for r in of("prefill"):
+        p, m = r["params"], r["metrics"]
+        rows.append([p["element"], str(p["prefix"]), str(p["chunk"]), spread(m, "ms_per_chunk"),
+                     spread(m, "tokens_per_s"), spread(m, "gflop_per_s")])
+    if rows:
+        print("### prefill\n")
+        print(table(["element", "prefix", "chunk", "ms/chunk", "tokens_per_s", "gflop_per_s"], rows))
+
+
+if __name__ == "__main__":
+    main()

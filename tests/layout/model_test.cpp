@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -36,11 +37,6 @@ struct model_sequence {
 template <class Element>
 Element exact(std::uint64_t bits) {
     return kvcache::from_float<Element>(static_cast<float>(static_cast<int>(bits % 129) - 64) / 8.0f);
-}
-
-template <class Element>
-bool same(Element a, Element b) {
-    return kvcache::to_float(a) == kvcache::to_float(b);
 }
 
 /// One run of random operations against one cache. Layout-specific rules
@@ -407,33 +403,36 @@ private:
         REQUIRE(cache_.sequences() == ids);
         for (int l = 0; l < layers; ++l) {
             const auto view = cache_.view(l, ids);
-            REQUIRE(view.sequence_count() == static_cast<int>(ids.size()));
+            if (view.sequence_count() != static_cast<int>(ids.size())) FAIL("sequence count at step ", step_);
             for (int b = 0; b < static_cast<int>(ids.size()); ++b) {
                 const auto& s = model_.at(ids[b]);
                 const int length = s.length();
-                REQUIRE(view.length(b) == length);
-                REQUIRE(cache_.length(ids[b]) == length);
+                if (view.length(b) != length || cache_.length(ids[b]) != length)
+                    FAIL("length ", view.length(b), " != model's ", length, " at step ", step_);
                 std::vector<int> expected;
                 for (int p = 0; p < length; ++p)
                     if (present(length, p)) expected.push_back(p);
-                REQUIRE(view.visible_count(b) == static_cast<int>(expected.size()));
+                if (view.visible_count(b) != static_cast<int>(expected.size()))
+                    FAIL("visible count ", view.visible_count(b), " != ", expected.size(), " at step ", step_);
                 for (int h = 0; h < kv; ++h) {
                     int at = 0;
                     while (at < view.visible_count(b)) {
                         const auto r = view.run(b, h, at);
-                        REQUIRE(r.count > 0);
+                        // Plain ifs in the hot loop: doctest assertions per row are slow under sanitizers.
+                        if (r.count <= 0 || at + r.count > view.visible_count(b))
+                            FAIL("bad run at step ", step_, ": count ", r.count, " at visible ", at);
                         for (int i = 0; i < r.count; ++i) {
                             const int p = expected[at + i];
-                            REQUIRE(r.first_position + i == p);
+                            if (r.first_position + i != p)
+                                FAIL("run position ", r.first_position + i, " != expected ", p, " at step ", step_);
                             const element* key = r.keys + std::size_t(i) * r.stride;
                             const element* value = r.values + std::size_t(i) * r.stride;
                             const std::size_t m = std::size_t(p) * row + std::size_t(h) * dim;
-                            for (int d = 0; d < dim; ++d) {
-                                if (!same(key[d], s.keys[l][m + d]) || !same(value[d], s.values[l][m + d])) {
-                                    FAIL("mismatch at step ", step_, " sequence ", ids[b], " layer ", l, " head ", h,
-                                         " position ", p);
-                                }
-                            }
+                            // Bitwise: every value the model holds is exact in both precisions.
+                            if (std::memcmp(key, &s.keys[l][m], dim * sizeof(element)) != 0 ||
+                                std::memcmp(value, &s.values[l][m], dim * sizeof(element)) != 0)
+                                FAIL("mismatch at step ", step_, " sequence ", ids[b], " layer ", l, " head ", h,
+                                     " position ", p);
                         }
                         at += r.count;
                     }
@@ -450,7 +449,7 @@ private:
     std::map<kvcache::sequence_id, model_sequence<element>> model_;
 };
 
-constexpr int seeds = 6;
+constexpr int seeds = 5;
 constexpr int steps = 500;
 
 std::uint32_t seed_for(int i) { return 1000u + 7919u * static_cast<std::uint32_t>(i); }

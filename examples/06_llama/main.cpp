@@ -36,7 +36,7 @@ options:
   --dtype TYPE           fp32 | fp16: the cache's element type (default fp32)
   --page-size N          paged: tokens per page (default 16)
   --window N             sliding_window: keys a query sees (default: config's sliding_window, else 4096)
-  --sinks N              sliding_window: first positions kept forever (default 4)
+  --sinks N              sliding_window: first positions kept forever (default 4; 0 when the config has a sliding_window)
   --threads N            CPU threads (default: all cores)
   --dump-logits FILE     write every step's logits: a text header, then float32 little-endian
   --help                 this text
@@ -96,7 +96,9 @@ int run(int argc, char** argv) {
     cache.element = args.element("--dtype", kvcache::element_kind::fp32);
     cache.page_size = args.integer("--page-size", 16, 1, 1 << 16);
     cache.window = args.integer("--window", checkpoint.sliding_window > 0 ? checkpoint.sliding_window : 4096, 1, 1 << 24);
-    cache.sinks = args.integer("--sinks", 4, 0, 1 << 20);
+    // A model trained with a sliding window (Mistral) has no attention sinks; StreamingLLM-style use of
+    // a full-attention model keeps a few.
+    cache.sinks = args.integer("--sinks", checkpoint.sliding_window > 0 ? 0 : 4, 0, 1 << 20);
     cache.prefill_chunk = 64;
     const int total = static_cast<int>(prompt.size()) + new_tokens;
     if (checkpoint.sliding_window > 0 && total > checkpoint.sliding_window &&

@@ -77,10 +77,10 @@ inline void write_text(const std::string& path, const std::string& text) {
     out << text;
 }
 
-/// config.json for a model_config, in Hugging Face's field names.
-inline std::string config_json(const model_config& c) {
+/// config.json for a model_config, in Hugging Face's field names; `extra` adds fields ("\"a\": 1,\n").
+inline std::string config_json(const model_config& c, const std::string& extra = "") {
     auto s = [](const auto& v) { return std::to_string(v); };
-    return "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"" + c.model_type +
+    return "{\n  " + extra + "\"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"" + c.model_type +
            "\",\n  \"vocab_size\": " + s(c.vocab_size) + ",\n  \"hidden_size\": " + s(c.hidden_size) +
            ",\n  \"num_hidden_layers\": " + s(c.num_layers) + ",\n  \"num_attention_heads\": " + s(c.num_query_heads) +
            ",\n  \"num_key_value_heads\": " + s(c.num_kv_heads) + ",\n  \"head_dim\": " + s(c.head_dim) +
@@ -144,9 +144,9 @@ inline model_config tiny_config(const std::string& model_type = "llama") {
 
 /// Writes config.json and the weights as one file, or as `shards` files with an index.
 inline void write_checkpoint(const std::string& dir, const model_weights& w, const std::vector<std::string>& dtypes,
-                             int shards = 1) {
+                             int shards = 1, const std::string& extra_config = "") {
     std::filesystem::create_directories(dir);
-    write_text(dir + "/config.json", config_json(w.config));
+    write_text(dir + "/config.json", config_json(w.config, extra_config));
     auto tensors = checkpoint_tensors(w, dtypes);
     if (shards == 1) {
         write_bytes(dir + "/model.safetensors", safetensors_bytes(tensors));

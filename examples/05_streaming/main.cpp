@@ -197,8 +197,13 @@ int run(int argc, char** argv) {
     std::vector<std::vector<float>> recompute_logits;
     std::size_t peak_rows = 0;
     const long reach = static_cast<long>(layers) * (window - 1);  // positions back the newest token depends on
+    auto last_progress = std::chrono::steady_clock::now();
     for (int step = 0; step < new_tokens; ++step) {
         const auto start = std::chrono::steady_clock::now();
+        if (start - last_progress > std::chrono::seconds(1)) {  // long runs show they are alive
+            std::fprintf(stderr, "  recomputing: step %d of %d\n", step + 1, new_tokens);
+            last_progress = start;
+        }
         const int length = static_cast<int>(sequence.size());
         const int first = static_cast<int>(std::max<long>(0, length - 1 - reach));
         recompute.reset();

@@ -4,6 +4,8 @@
 // kvcache gives the ids of recomputation; every bad input names file and tensor.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -17,9 +19,22 @@ using namespace kvcache::examples::testing;
 
 namespace {
 
+// Removes the scratch folders the tests made when the program ends.
+struct scratch_folders {
+    std::vector<std::filesystem::path> made;
+    ~scratch_folders() {
+        std::error_code ignored;
+        for (const auto& dir : made) std::filesystem::remove_all(dir, ignored);
+    }
+};
+scratch_folders scratch;
+
 std::string fresh_dir(const std::string& name) {
-    auto dir = std::filesystem::temp_directory_path() / ("kvcache_checkpoint_test_" + name);
+    // The process id keeps concurrent runs (two build trees, ctest -j) apart.
+    auto dir = std::filesystem::temp_directory_path() /
+               ("kvcache_checkpoint_test_" + std::to_string(::getpid()) + "_" + name);
     std::filesystem::remove_all(dir);
+    scratch.made.push_back(dir);
     return dir.string();
 }
 

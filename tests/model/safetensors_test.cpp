@@ -2,6 +2,8 @@
 // case is one kvcache::error naming the file (and tensor), never a bad read.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -42,10 +44,23 @@ std::vector<unsigned char> with_header(const std::string& header, std::size_t da
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// Removes the scratch folders the tests made when the program ends.
+struct scratch_folders {
+    std::vector<std::filesystem::path> made;
+    ~scratch_folders() {
+        std::error_code ignored;
+        for (const auto& dir : made) std::filesystem::remove_all(dir, ignored);
+    }
+};
+scratch_folders scratch;
+
 std::string temp_dir(const std::string& name) {
-    auto dir = std::filesystem::temp_directory_path() / ("kvcache_model_test_" + name);
+    // The process id keeps concurrent runs (two build trees, ctest -j) apart.
+    auto dir = std::filesystem::temp_directory_path() /
+               ("kvcache_model_test_" + std::to_string(::getpid()) + "_" + name);
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
+    scratch.made.push_back(dir);
     return dir.string();
 }
 

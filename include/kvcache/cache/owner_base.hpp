@@ -2,6 +2,7 @@
 // append convenience, keep_only, and save/load to streams and files.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <istream>
 #include <ostream>

@@ -2,3 +2,5 @@
 #pragma once
 
 #include "kvcache/core.hpp"
+#include "kvcache/kernels.hpp"
+#include "kvcache/backend.hpp"

@@ -79,6 +79,7 @@ struct decode_kernel {
             stats[group + g] = 0.0f;
         }
         float accumulators[per_thread];
+        KVCACHE_UNROLL
         for (int k = 0; k < per_thread; ++k) accumulators[k] = 0.0f;
         ctx.sync_block();
 
@@ -124,7 +125,8 @@ struct decode_kernel {
                 }
             }
             ctx.sync_block();
-            for (int k = 0; k < per_thread; ++k) {
+            KVCACHE_UNROLL
+        for (int k = 0; k < per_thread; ++k) {
                 const int j = thread + k * block_threads;
                 if (j < group * dim) {
                     const int g = j / dim, d = j % dim;
@@ -137,6 +139,7 @@ struct decode_kernel {
             v += n;
         }
 
+        KVCACHE_UNROLL
         for (int k = 0; k < per_thread; ++k) {  // normalise into the query buffer, then write rows whole
             const int j = thread + k * block_threads;
             if (j < group * dim) {

@@ -88,6 +88,7 @@ private:
             stats[rows + r] = 0.0f;
         }
         float accumulators[per_thread];
+        KVCACHE_UNROLL
         for (int k = 0; k < per_thread; ++k) accumulators[k] = 0.0f;
         ctx.sync_block();
 
@@ -139,7 +140,8 @@ private:
                 }
             }
             ctx.sync_block();
-            for (int k = 0; k < per_thread; ++k) {
+            KVCACHE_UNROLL
+        for (int k = 0; k < per_thread; ++k) {
                 const int j = thread + k * block_threads;
                 if (j < rows * dim) {
                     const int r = j / dim, d = j % dim;
@@ -152,6 +154,7 @@ private:
             v += n;
         }
 
+        KVCACHE_UNROLL
         for (int k = 0; k < per_thread; ++k) {
             const int j = thread + k * block_threads;
             if (j < rows * dim) {

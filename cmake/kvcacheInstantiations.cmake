@@ -1,0 +1,85 @@
+# Explicit instantiation of kvcache's CUDA backend, one nvcc translation unit
+# per configuration so builds parallelise and a user compiles only what they run.
+#
+#   kvcache_add_cuda_instantiations(<target>
+#       CONFIGURATIONS <layout>:<element>:<query heads>:<kv heads>:<head dim> ...)
+#
+# layout: contiguous | paged | sliding_window; element: fp32 | fp16. Makes the
+# static library <target> (link it and include kvcache/backend/cuda.hpp from
+# plain C++) and a header <target>_configurations.hpp on its include path
+# defining kvcache::compiled::<target> (a type_list for kvcache::dispatch).
+#
+# Lists shipped with kvcache:
+#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (24 TUs);
+#                                      equals kvcache::test_configurations
+#   KVCACHE_CUDA_PRESET_CONFIGURATIONS every layout and type for the model
+#                                      presets (24 TUs); equals kvcache::preset_configurations
+set(_kvcache_instantiation_dir "${CMAKE_CURRENT_LIST_DIR}")
+
+function(_kvcache_product out heads_list)
+    set(result "")
+    foreach(layout contiguous paged sliding_window)
+        foreach(element fp32 fp16)
+            foreach(heads ${heads_list})
+                list(APPEND result "${layout}:${element}:${heads}")
+            endforeach()
+        endforeach()
+    endforeach()
+    set(${out} "${result}" PARENT_SCOPE)
+endfunction()
+
+_kvcache_product(KVCACHE_CUDA_TEST_CONFIGURATIONS "4:4:32;8:2:64;4:1:32;5:1:56")
+_kvcache_product(KVCACHE_CUDA_PRESET_CONFIGURATIONS "32:8:128;32:32:128;28:4:128;8:2:64")
+
+function(kvcache_add_cuda_instantiations target)
+    cmake_parse_arguments(ARG "" "" "CONFIGURATIONS" ${ARGN})
+    if(NOT ARG_CONFIGURATIONS)
+        message(FATAL_ERROR "kvcache_add_cuda_instantiations(${target}): no CONFIGURATIONS given")
+    endif()
+    set(dir "${CMAKE_CURRENT_BINARY_DIR}/${target}_instantiations")
+    string(MAKE_C_IDENTIFIER "${target}" KVCACHE_LIST_NAME)
+    set(KVCACHE_TARGET "${target}")
+    set(sources "")
+    set(types "")
+    foreach(KVCACHE_CONFIGURATION IN LISTS ARG_CONFIGURATIONS)
+        string(REPLACE ":" ";" parts "${KVCACHE_CONFIGURATION}")
+        list(LENGTH parts count)
+        if(NOT count EQUAL 5)
+            message(FATAL_ERROR "kvcache: configuration '${KVCACHE_CONFIGURATION}' is not layout:element:q:kv:dim")
+        endif()
+        list(GET parts 0 layout)
+        list(GET parts 1 element)
+        list(GET parts 2 q)
+        list(GET parts 3 kv)
+        list(GET parts 4 dim)
+        if(NOT layout MATCHES "^(contiguous|paged|sliding_window)$")
+            message(FATAL_ERROR "kvcache: layout '${layout}' in '${KVCACHE_CONFIGURATION}' is not contiguous, paged or sliding_window")
+        endif()
+        if(element STREQUAL "fp32")
+            set(type "float")
+        elseif(element STREQUAL "fp16")
+            set(type "kvcache::half")
+        else()
+            message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not fp32 or fp16")
+        endif()
+        set(heads "kvcache::head_config<${q}, ${kv}, ${dim}>")
+        set(KVCACHE_VIEW "kvcache::${layout}_view<${type}, ${heads}>")
+        set(file "${dir}/${layout}_${element}_${q}_${kv}_${dim}.cu")
+        configure_file("${_kvcache_instantiation_dir}/kvcache_instantiation.cu.in" "${file}" @ONLY)
+        list(APPEND sources "${file}")
+        list(APPEND types "kvcache::configuration<kvcache::${layout}_layout, ${type}, ${heads}>")
+    endforeach()
+    configure_file("${_kvcache_instantiation_dir}/kvcache_merge_instantiation.cu.in" "${dir}/merge_states.cu" @ONLY)
+    list(APPEND sources "${dir}/merge_states.cu")
+    list(JOIN types ",\n    " KVCACHE_CONFIGURATION_TYPES)
+    configure_file("${_kvcache_instantiation_dir}/kvcache_configurations.hpp.in"
+                   "${dir}/include/${target}_configurations.hpp" @ONLY)
+
+    add_library(${target} STATIC ${sources})
+    target_link_libraries(${target} PUBLIC kvcache::kvcache CUDA::cudart PRIVATE CCCL::CCCL)
+    target_include_directories(${target} PUBLIC "${dir}/include")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+        set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES native)
+    endif()
+endfunction()

@@ -1,0 +1,179 @@
+// The kernel matrix on a real GPU through the CUDA backend (the instantiation
+// library compiled from KVCACHE_CUDA_TEST_CONFIGURATIONS), against the same
+// reference. Cache storage is CUDA managed memory so the reference reads it
+// directly. Without a device the test prints why and passes.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kvcache/backend/cuda.hpp"
+#include "kvcache_kernel_gpu_configurations.hpp"
+#include "support/attention_harness.hpp"
+#include "support/layout_factories.hpp"
+
+using namespace kvcache;
+using namespace kvcache_test;
+
+namespace {
+
+void check_cuda(cudaError_t status, const char* what) {
+    if (status != cudaSuccess) throw_error(error_code::cuda_error, what, ": ", cudaGetErrorString(status));
+}
+
+/// Zeroed CUDA managed memory with the interface of host_buffer the factories use.
+template <class T>
+class managed_buffer {
+public:
+    managed_buffer() = default;
+    explicit managed_buffer(std::size_t count) : count_(count) {
+        check_cuda(cudaMallocManaged(reinterpret_cast<void**>(&data_), std::max<std::size_t>(count, 1) * sizeof(T)),
+                   "cudaMallocManaged");
+        std::memset(static_cast<void*>(data_), 0, std::max<std::size_t>(count, 1) * sizeof(T));
+    }
+    managed_buffer(managed_buffer&& other) noexcept : data_(other.data_), count_(other.count_) { other.data_ = nullptr; }
+    managed_buffer& operator=(managed_buffer&& other) noexcept {
+        std::swap(data_, other.data_);
+        std::swap(count_, other.count_);
+        return *this;
+    }
+    ~managed_buffer() {
+        if (data_) cudaFree(data_);
+    }
+    T* data() const noexcept { return data_; }
+    std::size_t size() const noexcept { return count_; }
+    T& operator[](std::size_t i) const noexcept { return data_[i]; }
+
+private:
+    T* data_ = nullptr;
+    std::size_t count_ = 0;
+};
+
+template <class T>
+managed_buffer<T> managed_copy(const T* source, std::size_t count) {
+    managed_buffer<T> copy(count);
+    if (count) std::memcpy(static_cast<void*>(copy.data()), source, count * sizeof(T));
+    return copy;
+}
+
+void synchronise() {
+    check_cuda(cudaGetLastError(), "kernel launch");
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+struct cuda_backend {
+    static constexpr const char* name = "cuda";
+    template <class View>
+    static void decode(const View& view, const typename View::element_type* q, typename View::element_type* o, float* lse,
+                       const attention_options& options) {
+        using heads = typename View::heads;
+        const std::size_t rows = std::size_t(view.sequence_count()) * heads::query_heads;
+        auto queries = managed_copy(q, rows * heads::head_dim);
+        managed_buffer<typename View::element_type> outputs(rows * heads::head_dim);
+        managed_buffer<float> lses(rows);
+        cuda::decode_attention_with_lse(view, queries.data(), outputs.data(), lses.data(), options);
+        synchronise();
+        std::memcpy(static_cast<void*>(o), outputs.data(), rows * heads::head_dim * sizeof(*o));
+        std::memcpy(lse, lses.data(), rows * sizeof(float));
+    }
+    template <class View>
+    static void prefill(const View& view, const typename View::element_type* q, const int* offsets,
+                        typename View::element_type* o, float* lse, const attention_options& options) {
+        using heads = typename View::heads;
+        const std::size_t rows = std::size_t(offsets[view.sequence_count()]) * heads::query_heads;
+        auto queries = managed_copy(q, rows * heads::head_dim);
+        auto query_offsets = managed_copy(offsets, std::size_t(view.sequence_count()) + 1);
+        managed_buffer<typename View::element_type> outputs(rows * heads::head_dim);
+        managed_buffer<float> lses(rows);
+        cuda::prefill_attention_with_lse(view, queries.data(), query_offsets.data(), outputs.data(), lses.data(), options);
+        synchronise();
+        std::memcpy(static_cast<void*>(o), outputs.data(), rows * heads::head_dim * sizeof(*o));
+        std::memcpy(lse, lses.data(), rows * sizeof(float));
+    }
+    template <class View>
+    static void append(const View& view, const typename View::element_type* k, const typename View::element_type* v,
+                       const int* offsets) {
+        using heads = typename View::heads;
+        const std::size_t count = std::size_t(offsets[view.sequence_count()]) * heads::kv_heads * heads::head_dim;
+        auto keys = managed_copy(k, count);
+        auto values = managed_copy(v, count);
+        auto new_offsets = managed_copy(offsets, std::size_t(view.sequence_count()) + 1);
+        cuda::append(view, keys.data(), values.data(), new_offsets.data());
+        synchronise();
+    }
+};
+
+template <class Layout>
+struct factory_for;
+template <>
+struct factory_for<contiguous_layout> {
+    using type = contiguous_factory_in<managed_buffer>;
+};
+template <>
+struct factory_for<paged_layout> {
+    using type = paged_factory_in<managed_buffer>;
+};
+template <>
+struct factory_for<sliding_window_layout> {
+    using type = sliding_window_factory_in<managed_buffer>;
+};
+
+template <class... Configurations>
+void check_compiled(type_list<Configurations...>) {
+    const auto one = [](auto configuration) {
+        using c = decltype(configuration);
+        using factory = typename factory_for<typename c::layout>::type;
+        check_attention<cuda_backend, factory, typename c::element, typename c::heads>();
+        check_append<cuda_backend, factory, typename c::element, typename c::heads>();
+    };
+    (one(Configurations{}), ...);
+}
+
+/// Empty when a device is usable, else why not.
+std::string missing_device() {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(status);
+    if (count == 0) return "no CUDA device is present";
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend matches the reference on every compiled configuration") {
+    const std::string reason = missing_device();
+    if (!reason.empty()) {
+        std::printf("kvcache gpu kernel test skipped: %s\n", reason.c_str());
+        CHECK(!reason.empty());
+        return;
+    }
+    cudaDeviceProp properties{};
+    check_cuda(cudaGetDeviceProperties(&properties, 0), "cudaGetDeviceProperties");
+    std::printf("kvcache gpu kernel test on %s (compute capability %d.%d, %d multiprocessors)\n", properties.name,
+                properties.major, properties.minor, properties.multiProcessorCount);
+    check_compiled(compiled::kvcache_kernel_gpu{});
+}
+
+TEST_CASE("cuda merge_states: empty states weigh nothing") {
+    if (!missing_device().empty()) {
+        CHECK(!missing_device().empty());
+        return;
+    }
+    const float inf = std::numeric_limits<float>::infinity();
+    const int states = 3, rows = 4, dim = 16;
+    const auto host_outputs = random_rows<float>(states * rows * dim, 1.0f, 9);
+    const std::vector<float> host_lse = {1.0f, -inf, -inf, 30.0f, 2.0f, 0.5f, -inf, -20.0f, 0.0f, 3.0f, -inf, 0.0f};
+    auto outputs = managed_copy(host_outputs.data(), host_outputs.size());
+    auto lse = managed_copy(host_lse.data(), host_lse.size());
+    managed_buffer<float> merged(rows * dim), merged_lse(rows);
+    cuda::merge_states(states, rows, dim, outputs.data(), lse.data(), merged.data(), merged_lse.data());
+    synchronise();
+    std::vector<float> expected(rows * dim), expected_lse(rows);
+    reference::merge_states(states, rows, dim, host_outputs.data(), host_lse.data(), expected.data(), expected_lse.data());
+    for (int i = 0; i < rows * dim; ++i) CHECK(merged[i] == doctest::Approx(expected[i]).epsilon(1e-5));
+    CHECK(merged_lse[2] == -inf);
+}

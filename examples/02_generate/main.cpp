@@ -1,8 +1,6 @@
 // 02_generate: a small Llama-architecture decoder generating greedily two
 // ways — recomputing every past token's K/V at each step, and with kvcache —
 // proving both give the same tokens and showing what the cache saves.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +14,7 @@
 
 #include "common/arguments.hpp"
 #include "common/generation_comparison.hpp"
+#include "common/progress_line.hpp"
 
 namespace ex = kvcache::examples;
 
@@ -46,28 +45,6 @@ options:
 )";
 
 
-// Prints a progress line at most once a second, so long runs show they are alive.
-class progress_line {
-public:
-    progress_line() : tty_(isatty(fileno(stderr)) != 0), last_(std::chrono::steady_clock::now()) {}
-    void update(const std::string& text) {
-        auto now = std::chrono::steady_clock::now();
-        if (now - last_ < std::chrono::seconds(1)) return;
-        last_ = now;
-        std::fprintf(stderr, tty_ ? "\r  %-60s" : "  %s\n", text.c_str());
-        std::fflush(stderr);
-        shown_ = true;
-    }
-    void clear() {
-        if (shown_ && tty_) std::fprintf(stderr, "\r%-64s\r", "");
-        shown_ = false;
-    }
-
-private:
-    bool tty_;
-    bool shown_ = false;
-    std::chrono::steady_clock::time_point last_;
-};
 
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help"},
@@ -113,7 +90,7 @@ int run(int argc, char** argv) {
     std::printf("\n");
 
     std::vector<ex::generation_comparison> results;
-    progress_line progress;
+    ex::progress_line progress;
     for (int context : contexts) {
         std::vector<int> prompt = ex::seeded_prompt(context, config.vocab_size, static_cast<std::uint64_t>(seed));
         auto m = ex::compare_generation<ex::flagship_heads>(model, prompt, new_tokens, cache, [&](const char* path, int step) {

@@ -12,6 +12,7 @@
 #include "common/arguments.hpp"
 #include "common/checkpoint_loader.hpp"
 #include "common/kvcache_attention.hpp"
+#include "common/progress_line.hpp"
 #include "common/tiny_llama.hpp"
 #include "supported_heads.hpp"
 
@@ -124,6 +125,7 @@ int run(int argc, char** argv) {
 
     ex::thread_pool pool(threads);
     kvcache::cpu::set_thread_count(threads);
+    std::fprintf(stderr, "loading %s ...\n", dir.c_str());
     ex::llama_model model(ex::load_checkpoint(dir, checkpoint), pool);
     double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
@@ -143,9 +145,15 @@ int run(int argc, char** argv) {
 
     ex::generation_options options;
     options.keep_logits = !logits_path.empty() || args.has("--compare");
+    ex::progress_line progress;
+    const char* path = "cached";
+    options.progress = [&](int step) {
+        progress.update(std::string(path) + ": token " + std::to_string(step + 1) + "/" + std::to_string(new_tokens));
+    };
     ex::generation_trace cached, recomputed;
     if (want_cached) {
         cached = runner(model, prompt, new_tokens, cache, options).trace;
+        progress.clear();
         std::printf("generated ids: %s\n", join(cached.tokens).c_str());
         std::printf("cached: %.2f ms/token (prefill %.1f ms)\n", ms_per_token(cached), cached.step_seconds[0] * 1e3);
     }
@@ -154,7 +162,9 @@ int run(int argc, char** argv) {
                                           want_cached || cache.layout == kvcache::layout_kind::sliding_window
                                               ? cache.visibility()
                                               : kvcache::attention_visibility{});
+        path = "recompute";
         recomputed = ex::generate(model, prompt, new_tokens, attention, ex::generation_mode::recompute, options);
+        progress.clear();
         std::printf("%s ids: %s\n", want_cached ? "recompute" : "generated", join(recomputed.tokens).c_str());
         std::printf("recompute: %.2f ms/token\n", ms_per_token(recomputed));
     }

@@ -87,7 +87,7 @@ inline std::string config_json(const model_config& c, const std::string& extra =
            ",\n  \"intermediate_size\": " + s(c.intermediate_size) + ",\n  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": " +
            s(c.rope_theta) + ",\n  \"hidden_act\": \"silu\",\n  \"tie_word_embeddings\": " +
            (c.tie_word_embeddings ? "true" : "false") + ",\n  \"attention_bias\": " +
-           (c.model_type != "qwen2" && c.attention_bias ? "true" : "false") + ",\n  \"torch_dtype\": \"float32\",\n  \"rope_scaling\": null\n}\n";
+           (c.model_type != "qwen2" && c.attention_bias ? "true" : "false") + ",\n  \"torch_dtype\": \"float32\"\n}\n";
 }
 
 /// The tensors of a model in Hugging Face names; `dtype_of(index)` picks each tensor's dtype.

@@ -38,7 +38,7 @@ def latency_chart(plt, data, out_dir):
         high = [r["metrics"].get(key + "_max", m) - m for m, r in zip(median, rows)]
         ax.errorbar(contexts, median, yerr=[low, high], fmt=style, capsize=3, label=label)
     for r in rows:
-        ax.annotate(f'-{100 * r["metrics"]["latency_reduction"]:.0f}%',
+        ax.annotate(f'-{100 * r["metrics"]["latency_reduction"]:.1f}%',
                     (r["params"]["context"], r["metrics"]["cached_ms_per_token"]),
                     textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8)
     ax.set_xscale("log", base=2)

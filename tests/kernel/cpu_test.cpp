@@ -117,3 +117,23 @@ TEST_CASE("half widening used by the cpu backend is exact for every binary16 val
     }
     CHECK(mismatches == 0);
 }
+
+TEST_CASE("cpu backend: a zero-length sequence gives zeros and lse -inf next to a normal one") {
+    using heads = head_config<4, 2, 16>;
+    context_case c{"empty", {0, 7}, 0, 0, 16, {0, 7}, {}};
+    auto cache = contiguous_factory::make<half, heads>(c, 1);
+    fill_cache(cache->view(), 2);
+    const auto queries = random_rows<half>(7 * heads::query_heads * heads::head_dim, 3.0f, 3);
+    std::vector<half> outputs(2 * heads::query_heads * heads::head_dim, half(5.0f));
+    std::vector<float> lse(2 * heads::query_heads, 5.0f);
+    cpu::decode_attention_with_lse(cache->view(), queries.data(), outputs.data(), lse.data());
+    compare(outputs, lse, reference::decode_attention_exact(cache->view(), queries.data()), "decode with an empty sequence");
+    CHECK(std::isinf(lse[0]));
+    CHECK(to_float(outputs[0]) == 0.0f);
+    const int offsets[3] = {0, 0, 7};
+    std::vector<half> prefill(7 * heads::query_heads * heads::head_dim);
+    std::vector<float> prefill_lse(7 * heads::query_heads);
+    cpu::prefill_attention_with_lse(cache->view(), queries.data(), offsets, prefill.data(), prefill_lse.data());
+    compare(prefill, prefill_lse, reference::prefill_attention_exact(cache->view(), queries.data(), offsets),
+            "prefill next to an empty sequence");
+}

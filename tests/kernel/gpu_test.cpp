@@ -8,16 +8,24 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <string>
 #include <vector>
 
 #include "kvcache/backend/cuda.hpp"
+#include "kvcache/backend/presets.hpp"
 #include "kvcache_kernel_gpu_configurations.hpp"
 #include "support/attention_harness.hpp"
 #include "support/layout_factories.hpp"
 
 using namespace kvcache;
 using namespace kvcache_test;
+
+// The CMake list KVCACHE_CUDA_TEST_CONFIGURATIONS and the C++ list the
+// dispatcher offers must be the same configurations in the same order.
+static_assert(std::is_same_v<compiled::kvcache_kernel_gpu, test_configurations>,
+              "KVCACHE_CUDA_TEST_CONFIGURATIONS (cmake) and kvcache::test_configurations (presets.hpp) differ");
 
 namespace {
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <stdexcept>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -13,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/arguments.hpp"
+#include "common/compute_backend.hpp"
+#include "common/device_attention.hpp"
 #include "common/generation_comparison.hpp"
 #include "common/progress_line.hpp"
 
@@ -27,11 +30,17 @@ attention, SwiGLU) with deterministic random weights generates greedily,
 once recomputing all K/V at every step (no cache) and once with kvcache
 (prefill, then one token at a time). Prints whether the tokens are identical,
 the largest logit difference, and per-token latency and throughput of both
-at each context length (prompt length).
+at each context length (prompt length). The recompute path always runs on
+the CPU; the cached path on kvcache's CPU backend or, with a GPU, its CUDA
+backend.
 
 options:
   --contexts L1,L2,..  prompt lengths to measure (default 128,256,512,1024)
   --new-tokens N       tokens generated at each context length (default 8)
+  --backend KIND       auto | cpu | cuda | emulated: where the cached path runs
+                       (default auto: cuda when this build has CUDA and a device
+                       is present; emulated: the CUDA path's steps on kvcache's
+                       SIMT emulator, slow, to check it without a GPU)
   --layout KIND        contiguous | paged | sliding_window (default paged)
   --dtype TYPE         fp32 | fp16: the cache's element type (default fp32)
   --page-size N        paged: tokens per page (default 16)
@@ -48,7 +57,7 @@ options:
 
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help"},
-                       {"--contexts", "--new-tokens", "--layout", "--dtype", "--page-size", "--window", "--sinks",
+                       {"--contexts", "--new-tokens", "--backend", "--layout", "--dtype", "--page-size", "--window", "--sinks",
                         "--layers", "--threads", "--seed", "--json"});
     if (args.has("--help")) {
         std::cout << usage;
@@ -67,6 +76,16 @@ int run(int argc, char** argv) {
     const int threads = args.integer("--threads", 0, 0, 1024);
     const int seed = args.integer("--seed", 1, 0, 1 << 30);
     const std::string json_path = args.text("--json", "");
+    const ex::backend_choice backend = ex::choose_backend(ex::backend_request(args, true));
+    ex::cached_path cached_path{&ex::generate_with_kvcache<ex::flagship_heads>, false};
+    if (backend.backend == ex::compute_backend::cuda) {
+        cached_path.run = ex::cuda_runner_for(kvcache::shape_of<ex::flagship_heads>());
+        if (!cached_path.run) throw std::runtime_error("the CUDA path is not compiled for the flagship heads");
+    }
+    if (backend.backend == ex::compute_backend::emulated)
+        cached_path.run = &ex::generate_with_kvcache_emulated<ex::flagship_heads>;
+    // The CUDA path (and its emulation) takes queries and gives outputs in the cache's element type.
+    cached_path.element_queries_outputs = backend.backend != ex::compute_backend::cpu;
 
     const ex::model_config config = ex::flagship_config(layers);
 
@@ -79,12 +98,21 @@ int run(int argc, char** argv) {
     if (cache.layout == kvcache::layout_kind::sliding_window)
         layout_text += " (window " + std::to_string(cache.window) + ", sinks " + std::to_string(cache.sinks) + ")";
     std::printf("model: Llama-architecture decoder, %s, random weights (seed %d)\n", config.describe().c_str(), seed);
-    std::printf("cache: %s, %s, kvcache CPU backend, %d threads\n", layout_text.c_str(),
-                kvcache::to_string(cache.element), pool.size());
+    std::printf("backend: %s (%s)\n", ex::to_string(backend.backend), backend.why.c_str());
+    if (backend.backend == ex::compute_backend::cuda)
+        std::printf("cache: %s, %s, kvcache CUDA backend (K/V in device memory); the rest of the model on %d CPU threads\n",
+                    layout_text.c_str(), kvcache::to_string(cache.element), pool.size());
+    else if (backend.backend == ex::compute_backend::emulated)
+        std::printf("cache: %s, %s, kvcache's CUDA kernels on the SIMT emulator; the rest of the model on %d CPU threads\n",
+                    layout_text.c_str(), kvcache::to_string(cache.element), pool.size());
+    else
+        std::printf("cache: %s, %s, kvcache CPU backend, %d threads\n", layout_text.c_str(),
+                    kvcache::to_string(cache.element), pool.size());
     std::printf("greedy decoding of %d tokens per context; \"recompute\" runs the whole sequence at every step, no cache\n",
                 new_tokens);
     if (cache.element == kvcache::element_kind::fp16)
-        std::printf("note: the recompute path rounds its K/V through fp16 too, so both attend over the same values\n");
+        std::printf("note: the recompute path rounds its K/V%s through fp16 too, so both attend over the same values\n",
+                    cached_path.element_queries_outputs ? " (and queries and outputs, as the CUDA backend does)" : "");
     if (cache.layout == kvcache::layout_kind::sliding_window)
         std::printf("note: the recompute path applies the same window and sinks, so both compute the same model\n");
     std::printf("\n");
@@ -93,7 +121,7 @@ int run(int argc, char** argv) {
     ex::progress_line progress;
     for (int context : contexts) {
         std::vector<int> prompt = ex::seeded_prompt(context, config.vocab_size, static_cast<std::uint64_t>(seed));
-        auto m = ex::compare_generation<ex::flagship_heads>(model, prompt, new_tokens, cache, [&](const char* path, int step) {
+        auto m = ex::compare_generation(model, prompt, new_tokens, cache, cached_path, [&](const char* path, int step) {
             progress.update("context " + std::to_string(context) + ": " + path + " step " + std::to_string(step + 1) + "/" +
                             std::to_string(new_tokens));
         });
@@ -132,7 +160,8 @@ int run(int argc, char** argv) {
                       {"vocab_size", config.vocab_size},   {"seed", seed}};
         j["layout"] = kvcache::to_string(cache.layout);
         j["dtype"] = kvcache::to_string(cache.element);
-        j["backend"] = "cpu";
+        j["backend"] = ex::to_string(backend.backend);
+        j["backend_reason"] = backend.why;
         j["threads"] = pool.size();
         j["new_tokens"] = new_tokens;
         j["latency"] = "median ms per generated token after the first";

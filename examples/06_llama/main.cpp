@@ -11,6 +11,7 @@
 
 #include "common/arguments.hpp"
 #include "common/checkpoint_loader.hpp"
+#include "common/compute_backend.hpp"
 #include "common/kvcache_attention.hpp"
 #include "common/progress_line.hpp"
 #include "common/tiny_llama.hpp"
@@ -25,7 +26,8 @@ const char* usage = R"(usage: 06_llama --model DIR [options]
 Loads a Hugging Face Llama-family checkpoint (config.json + *.safetensors,
 sharded through model.safetensors.index.json when present; model_type llama,
 mistral or qwen2; F32, F16 or BF16 weights) and generates greedily from token
-ids with kvcache's CPU backend. Nothing is downloaded: bring the folder.
+ids with kvcache's CPU backend, or its CUDA backend where a GPU is and the
+head shape is compiled for it. Nothing is downloaded: bring the folder.
 
 options:
   --model DIR            checkpoint folder (required)
@@ -33,6 +35,8 @@ options:
   --max-new-tokens N     tokens to generate (default 16)
   --no-cache             recompute every step over the whole sequence instead of using kvcache
   --compare              run both ways and report whether the ids are identical
+  --backend KIND         auto | cpu | cuda: where the cached path runs (default auto: cuda when this
+                         build has CUDA, a device is present and the heads are compiled for it)
   --layout KIND          contiguous | paged | sliding_window (default paged)
   --dtype TYPE           fp32 | fp16: the cache's element type (default fp32)
   --page-size N          paged: tokens per page (default 16)
@@ -69,7 +73,7 @@ double ms_per_token(const ex::generation_trace& t) {
 
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help", "--no-cache", "--compare"},
-                       {"--model", "--prompt-ids", "--max-new-tokens", "--layout", "--dtype", "--page-size", "--window",
+                       {"--model", "--prompt-ids", "--max-new-tokens", "--backend", "--layout", "--dtype", "--page-size", "--window",
                         "--sinks", "--threads", "--dump-logits"});
     if (args.has("--help")) {
         std::cout << usage;
@@ -83,6 +87,9 @@ int run(int argc, char** argv) {
     const int new_tokens = args.integer("--max-new-tokens", 16, 1, 1 << 20);
     const int threads = args.integer("--threads", 0, 0, 1024);
     const std::string logits_path = args.text("--dump-logits", "");
+    const std::string backend_request = ex::backend_request(args);
+    if (args.has("--no-cache") && backend_request == "cuda")
+        throw ex::usage_error("--backend cuda runs the cached path; --no-cache recomputes on the CPU");
 
     auto load_start = std::chrono::steady_clock::now();
     ex::checkpoint_config checkpoint = ex::read_model_config(dir);
@@ -122,6 +129,25 @@ int run(int argc, char** argv) {
                                   " (num_attention_heads/num_key_value_heads/head_dim) are not compiled into this example;"
                                   " --no-cache runs any shape, or add it to examples/06_llama/heads_*.cpp. Compiled:" + list);
     }
+    ex::backend_choice backend{ex::compute_backend::cpu, "--no-cache: recomputation runs on the CPU"};
+    if (want_cached) {
+        backend = ex::choose_backend(backend_request);
+        if (backend.backend == ex::compute_backend::cuda) {
+            if (ex::cached_runner cuda = ex::cuda_runner_for(config.heads())) {
+                runner = cuda;
+            } else {
+                // Each CUDA shape costs six nvcc instantiations, so only a few are compiled.
+                std::string list;
+                for (const auto& h : ex::cuda_compiled_heads()) list += " " + h.to_string();
+                const std::string why = "the checkpoint's heads " + config.heads().to_string() +
+                                        " are not compiled for the CUDA backend (compiled:" + list +
+                                        "; add one in examples/common/cuda_runners.cpp and CMakeLists.txt)";
+                if (backend_request == "cuda") throw ex::usage_error("--backend cuda: " + why);
+                backend = {ex::compute_backend::cpu, "--backend auto found a CUDA device, but " + why};
+            }
+        }
+    }
+    const bool on_cuda = backend.backend == ex::compute_backend::cuda;
 
     ex::thread_pool pool(threads);
     kvcache::cpu::set_thread_count(threads);
@@ -135,12 +161,16 @@ int run(int argc, char** argv) {
         layout_text += " (window " + std::to_string(cache.window) + ", sinks " + std::to_string(cache.sinks) + ")";
     std::printf("model: %s (%s, %s%s), loaded in %.2f s\n", dir.c_str(), config.model_type.c_str(),
                 config.describe().c_str(), config.tie_word_embeddings ? ", tied embeddings" : "", load_s);
+    std::printf("backend: %s (%s)\n", ex::to_string(backend.backend), backend.why.c_str());
     if (want_cached)
-        std::printf("cache: %s, %s, kvcache CPU backend, %d threads\n", layout_text.c_str(),
-                    kvcache::to_string(cache.element), pool.size());
+        std::printf("cache: %s, %s, kvcache %s backend, %d threads%s\n", layout_text.c_str(),
+                    kvcache::to_string(cache.element), on_cuda ? "CUDA" : "CPU", pool.size(),
+                    on_cuda ? " for the rest of the model" : "");
     if (want_recompute)
-        std::printf("recompute: the whole sequence at every step, no cache%s\n",
-                    cache.element == kvcache::element_kind::fp16 ? " (K/V rounded through fp16 like the cache)" : "");
+        std::printf("recompute: the whole sequence at every step, no cache, on the CPU%s\n",
+                    !want_cached || cache.element != kvcache::element_kind::fp16 ? ""
+                    : on_cuda ? " (K/V, queries and outputs rounded through fp16 like the CUDA backend)"
+                              : " (K/V rounded through fp16 like the cache)");
     std::printf("prompt ids: %s\n", join(prompt).c_str());
 
     ex::generation_options options;
@@ -161,7 +191,8 @@ int run(int argc, char** argv) {
         ex::recompute_attention attention(config, pool, want_cached ? cache.element : kvcache::element_kind::fp32,
                                           want_cached || cache.layout == kvcache::layout_kind::sliding_window
                                               ? cache.visibility()
-                                              : kvcache::attention_visibility{});
+                                              : kvcache::attention_visibility{},
+                                          on_cuda);
         path = "recompute";
         recomputed = ex::generate(model, prompt, new_tokens, attention, ex::generation_mode::recompute, options);
         progress.clear();

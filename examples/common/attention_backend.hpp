@@ -39,11 +39,14 @@ inline void round_through(element_kind kind, float* data, std::size_t count) {
 
 /// Attention without a cache: every call holds the whole sequence from position 0,
 /// causal, restricted by the same visibility rule a sliding-window cache applies.
+/// With round_queries_outputs, queries and outputs are rounded through the storage
+/// type too, as the CUDA backend takes and gives them in the cache's element type.
 class recompute_attention final : public attention_backend {
 public:
     recompute_attention(const model_config& config, thread_pool& pool, element_kind storage,
-                        attention_visibility visibility = {})
-        : heads_(config.heads()), pool_(pool), storage_(storage), visibility_(visibility) {}
+                        attention_visibility visibility = {}, bool round_queries_outputs = false)
+        : heads_(config.heads()), pool_(pool), storage_(storage), visibility_(visibility),
+          round_queries_outputs_(round_queries_outputs) {}
 
     void begin_tokens(int first_position, int) override {
         require(first_position == 0, error_code::invalid_argument, "recompute_attention: first_position = ",
@@ -57,6 +60,12 @@ public:
         values_.assign(v, v + kv_count);
         round_through(storage_, keys_.data(), kv_count);
         round_through(storage_, values_.data(), kv_count);
+        if (round_queries_outputs_) {
+            std::size_t q_count = static_cast<std::size_t>(tokens) * qh * d;
+            queries_.assign(q, q + q_count);
+            round_through(storage_, queries_.data(), q_count);
+            q = queries_.data();
+        }
         const float scale = 1.0f / std::sqrt(static_cast<float>(d));
         pool_.parallel_for(tokens * qh, [&](int begin, int end) {
             std::vector<float> scores(tokens);
@@ -85,6 +94,7 @@ public:
                 }
                 float* orow = out + (static_cast<std::size_t>(t) * qh + h) * d;
                 for (int i = 0; i < d; ++i) orow[i] = acc[i] / total;
+                if (round_queries_outputs_) round_through(storage_, orow, static_cast<std::size_t>(d));
             }
         });
     }
@@ -94,7 +104,8 @@ private:
     thread_pool& pool_;
     element_kind storage_;
     attention_visibility visibility_;
-    std::vector<float> keys_, values_;
+    bool round_queries_outputs_;
+    std::vector<float> keys_, values_, queries_;
 };
 
 }  // namespace kvcache::examples

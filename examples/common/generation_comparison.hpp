@@ -77,21 +77,28 @@ inline double tokens_per_second(const std::vector<double>& seconds) {
 
 }  // namespace detail
 
-/// Generates new_tokens ids after the prompt twice — recomputing everything each step (K/V rounded
-/// through the cache's element type and limited by its visibility, so both compute the same model)
-/// and with kvcache — and compares. `progress(path, step)` is called after each step when set.
-/// @tparam Heads the head_config matching the model
-template <class Heads>
-generation_comparison compare_generation(llama_model& model, const std::vector<int>& prompt, int new_tokens,
-                                         const cache_options& cache,
-                                         const std::function<void(const char*, int)>& progress = {}) {
+/// The cached side of a comparison.
+struct cached_path {
+    cached_runner run = nullptr;            ///< generate_with_kvcache<Heads> (CPU) or its CUDA twin
+    bool element_queries_outputs = false;   ///< attention takes queries and gives outputs in the cache's element type (CUDA)
+};
+
+/// Generates new_tokens ids after the prompt twice — recomputing everything each step (K/V, and
+/// queries/outputs where the cached path rounds them, rounded through the cache's element type and
+/// limited by its visibility, so both compute the same model) and with `path` — and compares.
+/// `progress(path, step)` is called after each step when set.
+inline generation_comparison compare_generation(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                                const cache_options& cache, const cached_path& path,
+                                                const std::function<void(const char*, int)>& progress = {}) {
+    require(path.run != nullptr, error_code::invalid_argument, "compare_generation: no cached path");
     generation_options options;
     options.keep_logits = true;
     if (progress) options.progress = [&](int step) { progress("recompute", step); };
-    recompute_attention recompute(model.config(), model.pool(), cache.element, cache.visibility());
+    recompute_attention recompute(model.config(), model.pool(), cache.element, cache.visibility(),
+                                  path.element_queries_outputs);
     generation_trace slow = generate(model, prompt, new_tokens, recompute, generation_mode::recompute, options);
     if (progress) options.progress = [&](int step) { progress("cached", step); };
-    cached_generation cached = generate_with_kvcache<Heads>(model, prompt, new_tokens, cache, options);
+    cached_generation cached = path.run(model, prompt, new_tokens, cache, options);
     const generation_trace& fast = cached.trace;
 
     generation_comparison m;
@@ -108,6 +115,16 @@ generation_comparison compare_generation(llama_model& model, const std::vector<i
             m.max_logit_diff = std::max(m.max_logit_diff, double(std::fabs(slow.logits[s][i] - fast.logits[s][i])));
     m.cache_bytes = cached.bytes_reserved;
     return m;
+}
+
+/// compare_generation with kvcache's CPU backend as the cached path.
+/// @tparam Heads the head_config matching the model
+template <class Heads>
+generation_comparison compare_generation(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                         const cache_options& cache,
+                                         const std::function<void(const char*, int)>& progress = {}) {
+    return compare_generation(model, prompt, new_tokens, cache, cached_path{&generate_with_kvcache<Heads>, false},
+                              progress);
 }
 
 }  // namespace kvcache::examples

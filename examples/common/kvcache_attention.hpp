@@ -12,6 +12,7 @@
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
+#include "kvcache/core/memory.hpp"
 
 namespace kvcache::examples {
 
@@ -74,40 +75,46 @@ struct cached_generation {
     std::size_t bytes_reserved = 0;  ///< cache memory allocated
 };
 
+/// A cached generation path compiled for one head shape (CPU or CUDA).
+using cached_runner = cached_generation (*)(llama_model&, const std::vector<int>&, int, const cache_options&,
+                                            const generation_options&);
+
 namespace detail {
 
-template <class Cache>
+template <template <class> class Attention, class Cache>
 cached_generation generate_in(Cache& cache, llama_model& model, const std::vector<int>& prompt, int new_tokens,
                               generation_options options) {
     cached_generation result;
     {
-        kvcache_attention<Cache> attention(cache);
+        Attention<Cache> attention(cache);
         result.trace = generate(model, prompt, new_tokens, attention, generation_mode::cached, options);
     }
     result.bytes_reserved = cache.bytes_reserved();
     return result;
 }
 
-template <class Element, class Heads>
+// Memory and Attention let the CUDA path (cuda_attention.hpp) reuse the owner set-up with
+// device-memory owners and its own attention_backend.
+template <class Element, class Heads, class Memory = host_memory, template <class> class Attention = kvcache_attention>
 cached_generation generate_with_element(llama_model& model, const std::vector<int>& prompt, int new_tokens,
                                         const cache_options& cache, generation_options options) {
     const int layers = model.config().num_layers;
     const int total = static_cast<int>(prompt.size()) + new_tokens;
     switch (cache.layout) {
     case layout_kind::contiguous: {
-        static_cache<Element, Heads> owner(layers, 1, total);
-        return generate_in(owner, model, prompt, new_tokens, options);
+        static_cache<Element, Heads, Memory> owner(layers, 1, total);
+        return generate_in<Attention>(owner, model, prompt, new_tokens, options);
     }
     case layout_kind::paged: {
         require(cache.page_size > 0, error_code::invalid_argument, "page size ", cache.page_size, " must be positive");
-        paged_cache<Element, Heads> owner(layers, (total + cache.page_size - 1) / cache.page_size, cache.page_size,
-                                          false);
-        return generate_in(owner, model, prompt, new_tokens, options);
+        paged_cache<Element, Heads, Memory> owner(layers, (total + cache.page_size - 1) / cache.page_size,
+                                                  cache.page_size, false);
+        return generate_in<Attention>(owner, model, prompt, new_tokens, options);
     }
     case layout_kind::sliding_window: {
-        sliding_window_cache<Element, Heads> owner(layers, 1, cache.window, cache.sinks, cache.prefill_chunk);
+        sliding_window_cache<Element, Heads, Memory> owner(layers, 1, cache.window, cache.sinks, cache.prefill_chunk);
         options.prefill_chunk = cache.prefill_chunk;
-        return generate_in(owner, model, prompt, new_tokens, options);
+        return generate_in<Attention>(owner, model, prompt, new_tokens, options);
     }
     }
     throw_error(error_code::invalid_argument, "unknown layout");

@@ -1,0 +1,100 @@
+// The cached attention path on the GPU: device_attention (device_attention.hpp)
+// with the owners in device_memory (K/V pools and the views' tables on the
+// device) and a policy that copies with cudaMemcpyAsync and runs
+// kvcache::cuda::append / prefill_attention / decode_attention on one stream.
+// Plain C++ over kvcache/backend/cuda.hpp; the kernels are linked from
+// kvcache_example_cuda_kernels (examples/common/CMakeLists.txt).
+#pragma once
+
+#include "kvcache/core/config.hpp"
+
+#if KVCACHE_HAS_CUDA_RUNTIME
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "common/device_attention.hpp"
+#include "kvcache/backend/cuda.hpp"
+#include "kvcache/core/cuda_error.hpp"
+#include "kvcache/core/device_memory.hpp"
+
+namespace kvcache::examples {
+
+/// The device policy of the CUDA backend: device memory and one stream per generation.
+class cuda_stream_device {
+public:
+    static constexpr memory_space space = memory_space::device;
+    /// @tparam T element type
+    template <class T>
+    using buffer = device_buffer<T>;
+
+    // A blocking stream (not cudaStreamNonBlocking): the owners upload their tables and copy
+    // pages with cudaMemcpy on the legacy default stream, and only a blocking stream's work is
+    // ordered after that.
+    cuda_stream_device() { KVCACHE_CUDA_CHECK(cudaStreamCreate(&stream_)); }
+    ~cuda_stream_device() {
+        (void)cudaStreamSynchronize(stream_);
+        (void)cudaStreamDestroy(stream_);
+    }
+    cuda_stream_device(const cuda_stream_device&) = delete;
+    cuda_stream_device& operator=(const cuda_stream_device&) = delete;
+
+    // Pageable host sources: cudaMemcpyAsync has read them when it returns, so they may be reused.
+    template <class T>
+    void upload(T* device_destination, const T* host_source, std::size_t count) {
+        KVCACHE_CUDA_CHECK(cudaMemcpyAsync(device_destination, host_source, count * sizeof(T), cudaMemcpyHostToDevice,
+                                           stream_));
+    }
+    // Lands in host memory only after finish().
+    template <class T>
+    void download(T* host_destination, const T* device_source, std::size_t count) {
+        KVCACHE_CUDA_CHECK(cudaMemcpyAsync(host_destination, device_source, count * sizeof(T), cudaMemcpyDeviceToHost,
+                                           stream_));
+    }
+    template <class View, class Element>
+    void append(const View& view, const Element* keys, const Element* values, const int* offsets) {
+        kvcache::cuda::append(view, keys, values, offsets, stream_);
+        KVCACHE_CUDA_CHECK(cudaGetLastError());
+    }
+    template <class View, class Element>
+    void decode(const View& view, const Element* queries, Element* outputs) {
+        kvcache::cuda::decode_attention(view, queries, outputs, attention_options{}, stream_);
+        KVCACHE_CUDA_CHECK(cudaGetLastError());
+    }
+    template <class View, class Element>
+    void prefill(const View& view, const Element* queries, const int* offsets, Element* outputs) {
+        kvcache::cuda::prefill_attention(view, queries, offsets, outputs, attention_options{}, stream_);
+        KVCACHE_CUDA_CHECK(cudaGetLastError());
+    }
+    /// Waits for the stream; a kernel fault surfaces here.
+    void finish() { KVCACHE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+    void wait_quietly() noexcept { (void)cudaStreamSynchronize(stream_); }
+
+private:
+    cudaStream_t stream_ = nullptr;
+};
+
+/// device_attention on the GPU.
+/// @tparam Cache a device-memory owner
+template <class Cache>
+using cuda_kvcache_attention = device_attention<Cache, cuda_stream_device>;
+
+/// Greedy generation with the K/V in a kvcache owner in device memory, attention by the CUDA backend.
+/// @tparam Heads the head_config matching model.config() (checked); its six configurations must be
+///         instantiated (kvcache_add_cuda_instantiations) in a linked library
+template <class Heads>
+cached_generation generate_with_kvcache_cuda(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                             const cache_options& cache, const generation_options& options = {}) {
+    require(model.config().heads() == shape_of<Heads>(), error_code::invalid_argument, "model heads ",
+            model.config().heads().to_string(), " do not match the compiled head_config ", shape_of<Heads>().to_string());
+    if (cache.element == element_kind::fp16)
+        return detail::generate_with_element<half, Heads, device_memory, cuda_kvcache_attention>(model, prompt,
+                                                                                               new_tokens, cache, options);
+    return detail::generate_with_element<float, Heads, device_memory, cuda_kvcache_attention>(model, prompt, new_tokens,
+                                                                                            cache, options);
+}
+
+}  // namespace kvcache::examples
+
+#endif  // KVCACHE_HAS_CUDA_RUNTIME

@@ -31,13 +31,11 @@ std::size_t dram_buffer_bytes(bool quick) {
 
 void run_decode_bandwidth(const options& opts, report& out) {
     const std::size_t llc = last_level_cache_bytes();
-    const bandwidth_result dram = measure_read_bandwidth(dram_buffer_bytes(opts.quick), opts.threads, opts.repeats());
-    nlohmann::json bandwidth = {{"gbytes_per_s", dram.gbytes_per_s},
-                                {"gbytes_per_s_min", double(dram.bytes) / dram.seconds.max / 1e9},
-                                {"gbytes_per_s_max", double(dram.bytes) / dram.seconds.min / 1e9},
-                                {"buffer_mib", double(dram.bytes) / double(mib)},
-                                {"threads", dram.threads},
-                                {"kernel", "multi-threaded streaming read (sum of 64-bit words)"}};
+    const std::size_t probe_bytes = dram_buffer_bytes(opts.quick);
+    nlohmann::json bandwidth = {{"buffer_mib", double(probe_bytes) / double(mib)},
+                                {"threads", opts.threads},
+                                {"kernel", "multi-threaded streaming read (sum of 64-bit words)"},
+                                {"probes", nlohmann::json::array()}};
     if (llc > 0) {
         // The same read over a buffer that fits the last-level cache: what a
         // KV working set that fits there can be read at.
@@ -45,22 +43,37 @@ void run_decode_bandwidth(const options& opts, report& out) {
         bandwidth["in_cache_gbytes_per_s"] = cached.gbytes_per_s;
         bandwidth["in_cache_buffer_mib"] = double(cached.bytes) / double(mib);
     }
-    out.machine()["read_bandwidth"] = bandwidth;
-    std::printf("%-16s | streaming read over %.0f MiB (LLC %.0f MiB), %d threads: %.2f GB/s median (min %.2f, max %.2f)",
-                "decode_bandwidth", double(dram.bytes) / double(mib), double(llc) / double(mib), dram.threads,
-                dram.gbytes_per_s, bandwidth["gbytes_per_s_min"].get<double>(),
-                bandwidth["gbytes_per_s_max"].get<double>());
-    if (bandwidth.contains("in_cache_gbytes_per_s"))
-        std::printf("; over %.0f MiB (fits the LLC): %.2f GB/s", bandwidth["in_cache_buffer_mib"].get<double>(),
-                    bandwidth["in_cache_gbytes_per_s"].get<double>());
-    std::printf("\n");
 
     const std::vector<layout_kind> layouts = {layout_kind::contiguous, layout_kind::paged, layout_kind::sliding_window};
     const std::vector<element_kind> elements = {element_kind::fp32, element_kind::fp16};
     const std::vector<int> batches = opts.quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32};
     const std::vector<int> contexts = opts.quick ? std::vector<int>{512, 2048} : std::vector<int>{512, 4096, 16384};
     for (layout_kind layout : layouts)
-        for (element_kind element : elements)
+        for (element_kind element : elements) {
+            // The machine's bandwidth drifts when other work comes and goes,
+            // so it is probed again right before each group it is compared with.
+            const bandwidth_result dram = measure_read_bandwidth(probe_bytes, opts.threads, opts.repeats());
+            const double probe_min = double(dram.bytes) / dram.seconds.max / 1e9;
+            const double probe_max = double(dram.bytes) / dram.seconds.min / 1e9;
+            if (bandwidth["probes"].empty()) {
+                bandwidth["gbytes_per_s"] = dram.gbytes_per_s;
+                bandwidth["gbytes_per_s_min"] = probe_min;
+                bandwidth["gbytes_per_s_max"] = probe_max;
+            }
+            bandwidth["probes"].push_back({{"before", std::string(to_string(layout)) + "/" + to_string(element)},
+                                           {"gbytes_per_s", dram.gbytes_per_s},
+                                           {"gbytes_per_s_min", probe_min},
+                                           {"gbytes_per_s_max", probe_max}});
+            out.machine()["read_bandwidth"] = bandwidth;
+            std::printf("%-16s | streaming read over %.0f MiB (LLC %.0f MiB), %d threads, before %s/%s: %.2f GB/s median "
+                        "(min %.2f, max %.2f)",
+                        "decode_bandwidth", double(dram.bytes) / double(mib), double(llc) / double(mib), dram.threads,
+                        to_string(layout), to_string(element), dram.gbytes_per_s, probe_min, probe_max);
+            if (bandwidth.contains("in_cache_gbytes_per_s"))
+                std::printf("; over %.0f MiB (fits the LLC, once at the start): %.2f GB/s",
+                            bandwidth["in_cache_buffer_mib"].get<double>(),
+                            bandwidth["in_cache_gbytes_per_s"].get<double>());
+            std::printf("\n");
             for (int batch : batches)
                 for (int context : contexts) {
                     const std::size_t row_bytes = 2 * bench_heads::kv_heads * bench_heads::head_dim *
@@ -89,6 +102,7 @@ void run_decode_bandwidth(const options& opts, report& out) {
                         metrics["gbytes_per_s_min"] = double(bytes) / t.max / 1e9;
                         metrics["gbytes_per_s_max"] = double(bytes) / t.min / 1e9;
                         metrics["fraction_of_measured_bandwidth"] = gbps / dram.gbytes_per_s;
+                        metrics["read_gbytes_per_s"] = dram.gbytes_per_s;
                         metrics["bytes_per_call"] = bytes;
                         metrics["runs"] = t.runs;
                         metrics["fits_in_llc"] = llc > 0 && filled.kv_bytes() <= llc;
@@ -102,6 +116,7 @@ void run_decode_bandwidth(const options& opts, report& out) {
                                  metrics});
                     });
                 }
+        }
 }
 
 }  // namespace kvcache::bench

@@ -54,23 +54,26 @@ def main():
     for r in of("decode_bandwidth"):
         p, m = r["params"], r["metrics"]
         rows.append([p["layout"], p["element"], str(p["batch"]), str(p["context"]), spread(m, "ms_per_call"),
-                     spread(m, "gbytes_per_s"), fmt(m["fraction_of_measured_bandwidth"], 2),
+                     spread(m, "gbytes_per_s"), fmt(m.get("read_gbytes_per_s", "")),
+                     fmt(m["fraction_of_measured_bandwidth"], 2),
                      "yes" if m.get("fits_in_llc") else "no"])
     if rows:
         bw = data["machine"].get("read_bandwidth", {})
         print("### decode_bandwidth\n")
         if bw:
-            print(f'Streaming read, same run: {fmt(bw["gbytes_per_s"])} GB/s [{fmt(bw["gbytes_per_s_min"])}, '
-                  f'{fmt(bw["gbytes_per_s_max"])}] over {bw["buffer_mib"]:.0f} MiB with {bw["threads"]} threads'
-                  + (f'; over {bw["in_cache_buffer_mib"]:.0f} MiB: {fmt(bw["in_cache_gbytes_per_s"])} GB/s'
-                     if "in_cache_gbytes_per_s" in bw else "") + ".\n")
-        print(table(["layout", "element", "batch", "context", "ms/call", "GB/s", "fraction_of_measured_bandwidth",
-                     "K/V fit LLC"], rows))
+            print(f'Streaming read, same run, over {bw["buffer_mib"]:.0f} MiB with {bw["threads"]} threads'
+                  + (f' (over {bw["in_cache_buffer_mib"]:.0f} MiB: {fmt(bw["in_cache_gbytes_per_s"])} GB/s)'
+                     if "in_cache_gbytes_per_s" in bw else "") + ", probed before each group: "
+                  + "; ".join(f'{p["before"]} {fmt(p["gbytes_per_s"])} [{fmt(p["gbytes_per_s_min"])}, '
+                              f'{fmt(p["gbytes_per_s_max"])}] GB/s' for p in bw.get("probes", [])) + ".\n")
+        print(table(["layout", "element", "batch", "context", "ms/call", "GB/s", "read GB/s (probe)",
+                     "fraction_of_measured_bandwidth", "K/V fit LLC"], rows))
 
     rows = []
     for r in of("layout_overhead"):
         p, m = r["params"], r["metrics"]
-        rows.append([p["layout"], p["element"], str(p["batch"]), str(p["context"]),
+        layout = p["layout"] + (f' (page {p["page_size"]})' if "page_size" in p else "")
+        rows.append([layout, p["element"], str(p["batch"]), str(p["context"]),
                      fmt(m["ratio_to_contiguous"]) + f' [{fmt(m["ratio_min"])}, {fmt(m["ratio_max"])}]',
                      spread(m, "layout_ms"), spread(m, "contiguous_ms"), str(p["rounds"])])
     if rows:

@@ -66,7 +66,6 @@ def bandwidth_chart(plt, data, out_dir):
     shapes = sorted({(r["params"]["batch"], r["params"]["context"]) for r in rows})
     elements = ["fp32", "fp16"]
     fig, axes = plt.subplots(1, len(layouts), figsize=(5 * len(layouts), 4.8), sharey=True, squeeze=False)
-    bandwidth = data["machine"].get("read_bandwidth", {}).get("gbytes_per_s")
     width = 0.4
     for ax, layout in zip(axes[0], layouts):
         for e, element in enumerate(elements):
@@ -95,9 +94,8 @@ def bandwidth_chart(plt, data, out_dir):
     handles += [Patch(facecolor="white", edgecolor="black", hatch="//", label="K/V fit the LLC"),
                 Line2D([], [], color="red", linestyle=":", label="target 0.7")]
     axes[0][0].legend(handles=handles, fontsize=8)
-    title = "Decode attention: (K/V + Q/O bytes) / time over the same run's streaming read"
-    if bandwidth:
-        title += f" ({bandwidth:.1f} GB/s)"
+    title = ("Decode attention: (K/V + Q/O bytes) / time over the streaming-read bandwidth "
+             "probed in the same run before each layout/element group")
     fig.suptitle(title, fontsize=9)
     path = os.path.join(out_dir, "bandwidth_fraction.png")
     fig.tight_layout()

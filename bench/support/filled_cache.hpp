@@ -94,18 +94,17 @@ filled_cache<static_cache<Element, bench_heads>> make_contiguous(int batch, int 
     return out;
 }
 
-/// Paged cache with 16-token pages handed out round-robin across the batch
-/// (as a server interleaves requests), so a sequence's pages are not adjacent.
+/// Paged cache (16-token pages unless told) handed out round-robin across the
+/// batch (as a server interleaves requests), so a sequence's pages are not adjacent.
 /// @tparam Element float or kvcache::half
 template <class Element>
-filled_cache<paged_cache<Element, bench_heads>> make_paged(int batch, int context) {
+filled_cache<paged_cache<Element, bench_heads>> make_paged(int batch, int context, int page_size = bench_page_size) {
     filled_cache<paged_cache<Element, bench_heads>> out;
-    const int pages_per_sequence = (context + bench_page_size - 1) / bench_page_size;
-    out.cache = std::make_unique<paged_cache<Element, bench_heads>>(1, batch * pages_per_sequence, bench_page_size,
-                                                                     false);
+    const int pages_per_sequence = (context + page_size - 1) / page_size;
+    out.cache = std::make_unique<paged_cache<Element, bench_heads>>(1, batch * pages_per_sequence, page_size, false);
     for (int b = 0; b < batch; ++b) out.batch.push_back(out.cache->add_sequence());
-    for (int first = 0; first < context; first += bench_page_size)
-        for (sequence_id id : out.batch) out.cache->begin_append(id, std::min(bench_page_size, context - first));
+    for (int first = 0; first < context; first += page_size)
+        for (sequence_id id : out.batch) out.cache->begin_append(id, std::min(page_size, context - first));
     out.visible = context;
     detail::write_present_rows(*out.cache, out.batch, context);
     return out;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "benchmarks.hpp"
+#include "common/generation_comparison.hpp"
 #include "common/kvcache_attention.hpp"
 #include "common/tiny_llama.hpp"
 #include "harness/timing.hpp"
@@ -17,25 +18,6 @@ namespace {
 
 namespace ex = kvcache::examples;
 
-// The head shape of 02_generate: compiled into kvcache's views.
-using model_heads = head_config<8, 2, 32>;
-
-/// 02_generate's model configuration.
-ex::model_config generation_config(int layers) {
-    ex::model_config config;
-    config.model_type = "llama";
-    config.vocab_size = 2048;
-    config.hidden_size = 256;
-    config.num_layers = layers;
-    config.num_query_heads = model_heads::query_heads;
-    config.num_kv_heads = model_heads::kv_heads;
-    config.head_dim = model_heads::head_dim;
-    config.intermediate_size = 768;
-    config.rms_norm_eps = 1e-5f;
-    config.rope_theta = 10000.0;
-    return config;
-}
-
 /// Per-token seconds of steps [first, end) of a trace.
 timing steps_timing(const ex::generation_trace& trace, int first) {
     return summarise(std::vector<double>(trace.step_seconds.begin() + first, trace.step_seconds.end()));
@@ -45,7 +27,7 @@ timing steps_timing(const ex::generation_trace& trace, int first) {
 
 void run_generation(const options& opts, report& out) {
     const int layers = opts.quick ? 2 : 4;
-    const ex::model_config config = generation_config(layers);
+    const ex::model_config config = ex::flagship_config(layers);  // 02_generate's model
     ex::thread_pool pool(opts.threads);
     ex::llama_model model(ex::make_random_weights(config, 1), pool);
     ex::cache_options cache;
@@ -74,7 +56,7 @@ void run_generation(const options& opts, report& out) {
         const ex::generation_trace slow =
             ex::generate(model, prompt, first_measured + repeats, recompute, ex::generation_mode::recompute, options);
         const ex::generation_trace fast =
-            ex::generate_with_kvcache<model_heads>(model, prompt, first_measured + cached_repeats, cache, options).trace;
+            ex::generate_with_kvcache<ex::flagship_heads>(model, prompt, first_measured + cached_repeats, cache, options).trace;
 
         const timing recompute_time = steps_timing(slow, first_measured);
         const timing cached_time = steps_timing(fast, first_measured);

@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "kvcache/core/config.hpp"
+#include "kvcache/kernels/detail/attention_tile.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
 #include "kvcache/kernels/softmax_math.hpp"
@@ -35,28 +36,20 @@ struct decode_kernel {
     static constexpr int dim = heads::head_dim;
     static constexpr int group = heads::group_size;
     static constexpr int tile = attention_tile_keys(dim);
-    static constexpr int pitch = dim + 1;  // key rows padded: the score loop reads a column across lanes
-    static constexpr int per_thread = (group * dim + block_threads - 1) / block_threads;
-
-    // Shared memory: queries (reused for the normalised outputs), key tile,
-    // value tile, scores, and per-head max / sum / rescale factor.
-    static constexpr std::size_t query_offset = 0;
-    static constexpr std::size_t key_offset = detail::align16(query_offset + sizeof(float) * group * dim);
-    static constexpr std::size_t value_offset = detail::align16(key_offset + sizeof(float) * tile * pitch);
-    static constexpr std::size_t score_offset = detail::align16(value_offset + sizeof(float) * tile * dim);
-    static constexpr std::size_t stats_offset = detail::align16(score_offset + sizeof(float) * group * tile);
+    using tile_step = detail::attention_tile<group, group, dim, tile, block_threads>;
+    static constexpr int per_thread = tile_step::per_thread;
     /// Dynamic shared memory a launch needs.
-    static constexpr std::size_t shared_bytes = detail::align16(stats_offset + sizeof(float) * 3 * group);
+    static constexpr std::size_t shared_bytes = tile_step::shared_bytes;
 
     template <class Context>
     KVCACHE_HOST_DEVICE void operator()(Context& ctx, const decode_params<Layout, Query>& p) const {
         const int split = ctx.block_index().x, kv = ctx.block_index().y, sequence = ctx.block_index().z;
-        const int thread = ctx.thread_index(), lane = ctx.lane(), warp = ctx.warp(), warps = ctx.warp_count();
-        auto queries = ctx.template shared_array<float>(query_offset, group * dim);
-        auto keys = ctx.template shared_array<float>(key_offset, tile * pitch);
-        auto values = ctx.template shared_array<float>(value_offset, tile * dim);
-        auto scores = ctx.template shared_array<float>(score_offset, group * tile);
-        auto stats = ctx.template shared_array<float>(stats_offset, 3 * group);  // max, sum, rescale
+        const int thread = ctx.thread_index();
+        auto queries = ctx.template shared_array<float>(tile_step::query_offset, group * dim);
+        auto keys = ctx.template shared_array<float>(tile_step::key_offset, tile * tile_step::pitch);
+        auto values = ctx.template shared_array<float>(tile_step::value_offset, tile * dim);
+        auto scores = ctx.template shared_array<float>(tile_step::score_offset, group * tile);
+        auto stats = ctx.template shared_array<float>(tile_step::stats_offset, 3 * group);  // max, sum, rescale
 
         const int length = p.view.length(sequence);
         const int visible = length > 0 ? p.view.visible_count(sequence) : 0;
@@ -74,13 +67,8 @@ struct decode_kernel {
             detail::load8(ctx, query + i * 8, x);
             for (int j = 0; j < 8; ++j) queries[i * 8 + j] = x[j] * p.scale;
         }
-        for (int g = thread; g < group; g += block_threads) {
-            stats[g] = detail::negative_infinity();
-            stats[group + g] = 0.0f;
-        }
         float accumulators[per_thread];
-        KVCACHE_UNROLL
-        for (int k = 0; k < per_thread; ++k) accumulators[k] = 0.0f;
+        tile_step::reset(ctx, stats, accumulators);
         ctx.sync_block();
 
         const attention_visibility visibility = p.view.visibility();
@@ -89,65 +77,12 @@ struct decode_kernel {
             if (run.count <= 0) break;  // a layout bug; every thread sees the same run
             int n = run.count < end - v ? run.count : end - v;
             n = n < tile ? n : tile;
-            for (int i = thread; i < n * (dim / 8); i += block_threads) {
-                const int t = i / (dim / 8), c = (i % (dim / 8)) * 8;
-                float x[8];
-                detail::load8(ctx, run.keys + std::size_t(t) * run.stride + c, x);
-                for (int j = 0; j < 8; ++j) keys[t * pitch + c + j] = x[j];
-                detail::load8(ctx, run.values + std::size_t(t) * run.stride + c, x);
-                for (int j = 0; j < 8; ++j) values[t * dim + c + j] = x[j];
-            }
-            ctx.sync_block();
-            for (int i = thread; i < group * tile; i += block_threads) {
-                const int g = i / tile, t = i % tile;
-                float score = detail::negative_infinity();
-                if (t < n && visibility.allows(query_position, run.first_position + t)) {
-                    float dot = 0.0f;
-                    for (int d = 0; d < dim; ++d) dot += queries[g * dim + d] * keys[t * pitch + d];
-                    score = detail::apply_soft_cap(dot, p.soft_cap);
-                }
-                scores[i] = score;
-            }
-            ctx.sync_block();
-            for (int g = warp; g < group; g += warps) {  // one warp per query head: running max and sum
-                const float old_max = stats[g];
-                const float score = lane < tile ? scores[g * tile + lane] : detail::negative_infinity();
-                const float block_max = ctx.warp_max(score);
-                const float new_max = block_max > old_max ? block_max : old_max;
-                const float weight = detail::exp_difference(score, new_max);
-                const float sum = ctx.warp_sum(weight);
-                if (lane < tile) scores[g * tile + lane] = weight;
-                if (lane == 0) {
-                    const float rescale = detail::exp_difference(old_max, new_max);
-                    stats[g] = new_max;
-                    stats[group + g] = stats[group + g] * rescale + sum;
-                    stats[2 * group + g] = rescale;
-                }
-            }
-            ctx.sync_block();
-            KVCACHE_UNROLL
-        for (int k = 0; k < per_thread; ++k) {
-                const int j = thread + k * block_threads;
-                if (j < group * dim) {
-                    const int g = j / dim, d = j % dim;
-                    float a = accumulators[k] * stats[2 * group + g];
-                    for (int t = 0; t < n; ++t) a += scores[g * tile + t] * values[t * dim + d];
-                    accumulators[k] = a;
-                }
-            }
-            ctx.sync_block();
+            tile_step::step(ctx, run, n, visibility, query_position, 1, p.soft_cap, queries, keys, values, scores, stats,
+                            accumulators);
             v += n;
         }
 
-        KVCACHE_UNROLL
-        for (int k = 0; k < per_thread; ++k) {  // normalise into the query buffer, then write rows whole
-            const int j = thread + k * block_threads;
-            if (j < group * dim) {
-                const float sum = stats[group + j / dim];
-                queries[j] = sum > 0.0f ? accumulators[k] / sum : 0.0f;
-            }
-        }
-        ctx.sync_block();
+        tile_step::normalise(ctx, queries, stats, accumulators);  // then write rows whole
         for (int i = thread; i < group * dim / 8; i += block_threads) {
             const int g = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8];
@@ -158,8 +93,7 @@ struct decode_kernel {
                 detail::store8(ctx, p.partial_outputs + ((first_row + g) * p.splits + split) * dim + c, x);
         }
         for (int g = thread; g < group; g += block_threads) {
-            const float sum = stats[group + g];
-            const float lse = sum > 0.0f ? stats[g] + ::logf(sum) : detail::negative_infinity();
+            const float lse = tile_step::log_sum_exp(stats, g);
             if (p.splits == 1) {
                 if (p.lse) p.lse[first_row + g] = lse;
             } else {

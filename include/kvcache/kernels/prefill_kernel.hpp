@@ -8,6 +8,7 @@
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/kernels/decode_kernel.hpp"
+#include "kvcache/kernels/detail/attention_tile.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
 #include "kvcache/kernels/softmax_math.hpp"
@@ -37,16 +38,10 @@ struct prefill_kernel {
         prefill_target_rows(dim) / group < 1 ? 1 : prefill_target_rows(dim) / group;  ///< query tokens per tile
     static constexpr int rows = tile_tokens * group;  ///< row r = token (r / group), head (r % group)
     static constexpr int tile = attention_tile_keys(dim);
-    static constexpr int pitch = dim + 1;
-    static constexpr int per_thread = (rows * dim + block_threads - 1) / block_threads;
-
-    static constexpr std::size_t query_offset = 0;
-    static constexpr std::size_t key_offset = detail::align16(query_offset + sizeof(float) * rows * dim);
-    static constexpr std::size_t value_offset = detail::align16(key_offset + sizeof(float) * tile * pitch);
-    static constexpr std::size_t score_offset = detail::align16(value_offset + sizeof(float) * tile * dim);
-    static constexpr std::size_t stats_offset = detail::align16(score_offset + sizeof(float) * rows * tile);
+    using tile_step = detail::attention_tile<rows, group, dim, tile, block_threads>;
+    static constexpr int per_thread = tile_step::per_thread;
     /// Dynamic shared memory a launch needs.
-    static constexpr std::size_t shared_bytes = detail::align16(stats_offset + sizeof(float) * 3 * rows);
+    static constexpr std::size_t shared_bytes = tile_step::shared_bytes;
 
     template <class Context>
     KVCACHE_HOST_DEVICE void operator()(Context& ctx, const prefill_params<Layout, Query>& p) const {
@@ -67,12 +62,12 @@ private:
     KVCACHE_HOST_DEVICE void attend_tile(Context& ctx, const prefill_params<Layout, Query>& p, int sequence, int kv,
                                          int first_position, int first_token, int tokens, int visible,
                                          const attention_visibility& visibility) const {
-        const int thread = ctx.thread_index(), lane = ctx.lane(), warp = ctx.warp(), warps = ctx.warp_count();
-        auto queries = ctx.template shared_array<float>(query_offset, rows * dim);
-        auto keys = ctx.template shared_array<float>(key_offset, tile * pitch);
-        auto values = ctx.template shared_array<float>(value_offset, tile * dim);
-        auto scores = ctx.template shared_array<float>(score_offset, rows * tile);
-        auto stats = ctx.template shared_array<float>(stats_offset, 3 * rows);
+        const int thread = ctx.thread_index();
+        auto queries = ctx.template shared_array<float>(tile_step::query_offset, rows * dim);
+        auto keys = ctx.template shared_array<float>(tile_step::key_offset, tile * tile_step::pitch);
+        auto values = ctx.template shared_array<float>(tile_step::value_offset, tile * dim);
+        auto scores = ctx.template shared_array<float>(tile_step::score_offset, rows * tile);
+        auto stats = ctx.template shared_array<float>(tile_step::stats_offset, 3 * rows);
         const int last_position = first_position + tokens - 1;
 
         // Rows of one token are the group's heads, contiguous in the input.
@@ -83,13 +78,8 @@ private:
                 detail::load8(ctx, p.queries + (std::size_t(first_token + t) * heads::query_heads + std::size_t(kv) * group + r % group) * dim + c, x);
             for (int j = 0; j < 8; ++j) queries[r * dim + c + j] = x[j] * p.scale;
         }
-        for (int r = thread; r < rows; r += block_threads) {
-            stats[r] = detail::negative_infinity();
-            stats[rows + r] = 0.0f;
-        }
         float accumulators[per_thread];
-        KVCACHE_UNROLL
-        for (int k = 0; k < per_thread; ++k) accumulators[k] = 0.0f;
+        tile_step::reset(ctx, stats, accumulators);
         ctx.sync_block();
 
         for (int v = 0; v < visible;) {
@@ -104,65 +94,12 @@ private:
                 v += n;
                 continue;
             }
-            for (int i = thread; i < n * (dim / 8); i += block_threads) {
-                const int t = i / (dim / 8), c = (i % (dim / 8)) * 8;
-                float x[8];
-                detail::load8(ctx, run.keys + std::size_t(t) * run.stride + c, x);
-                for (int j = 0; j < 8; ++j) keys[t * pitch + c + j] = x[j];
-                detail::load8(ctx, run.values + std::size_t(t) * run.stride + c, x);
-                for (int j = 0; j < 8; ++j) values[t * dim + c + j] = x[j];
-            }
-            ctx.sync_block();
-            for (int i = thread; i < rows * tile; i += block_threads) {
-                const int r = i / tile, t = i % tile, token = r / group;
-                float score = detail::negative_infinity();
-                if (t < n && token < tokens && visibility.allows(first_position + token, run.first_position + t)) {
-                    float dot = 0.0f;
-                    for (int d = 0; d < dim; ++d) dot += queries[r * dim + d] * keys[t * pitch + d];
-                    score = detail::apply_soft_cap(dot, p.soft_cap);
-                }
-                scores[i] = score;
-            }
-            ctx.sync_block();
-            for (int r = warp; r < rows; r += warps) {
-                const float old_max = stats[r];
-                const float score = lane < tile ? scores[r * tile + lane] : detail::negative_infinity();
-                const float block_max = ctx.warp_max(score);
-                const float new_max = block_max > old_max ? block_max : old_max;
-                const float weight = detail::exp_difference(score, new_max);
-                const float sum = ctx.warp_sum(weight);
-                if (lane < tile) scores[r * tile + lane] = weight;
-                if (lane == 0) {
-                    const float rescale = detail::exp_difference(old_max, new_max);
-                    stats[r] = new_max;
-                    stats[rows + r] = stats[rows + r] * rescale + sum;
-                    stats[2 * rows + r] = rescale;
-                }
-            }
-            ctx.sync_block();
-            KVCACHE_UNROLL
-        for (int k = 0; k < per_thread; ++k) {
-                const int j = thread + k * block_threads;
-                if (j < rows * dim) {
-                    const int r = j / dim, d = j % dim;
-                    float a = accumulators[k] * stats[2 * rows + r];
-                    for (int t = 0; t < n; ++t) a += scores[r * tile + t] * values[t * dim + d];
-                    accumulators[k] = a;
-                }
-            }
-            ctx.sync_block();
+            tile_step::step(ctx, run, n, visibility, first_position, tokens, p.soft_cap, queries, keys, values, scores,
+                            stats, accumulators);
             v += n;
         }
 
-        KVCACHE_UNROLL
-        for (int k = 0; k < per_thread; ++k) {
-            const int j = thread + k * block_threads;
-            if (j < rows * dim) {
-                const float sum = stats[rows + j / dim];
-                queries[j] = sum > 0.0f ? accumulators[k] / sum : 0.0f;
-            }
-        }
-        ctx.sync_block();
+        tile_step::normalise(ctx, queries, stats, accumulators);
         for (int i = thread; i < tokens * group * (dim / 8); i += block_threads) {
             const int r = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8];
@@ -171,9 +108,8 @@ private:
         }
         for (int r = thread; r < tokens * group; r += block_threads) {
             if (!p.lse) break;
-            const float sum = stats[rows + r];
             p.lse[std::size_t(first_token + r / group) * heads::query_heads + std::size_t(kv) * group + r % group] =
-                sum > 0.0f ? stats[r] + ::logf(sum) : detail::negative_infinity();
+                tile_step::log_sum_exp(stats, r);
         }
         ctx.sync_block();  // the next tile reuses the query buffer
     }

@@ -1,0 +1,137 @@
+// The part decode and prefill attention share, written once: the shared-memory
+// plan, and the loop step that takes one tile of keys and values (never crossing
+// a layout run) through shared memory, scores it against the block's query rows,
+// folds it into each row's online softmax (FP32) and into the accumulators.
+// Row r is head r % Group of token r / Group; decode holds one token (Rows == Group).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "kvcache/core/config.hpp"
+#include "kvcache/kernels/detail/vector_rows.hpp"
+#include "kvcache/kernels/softmax_math.hpp"
+#include "kvcache/layout/layout_interface.hpp"
+
+namespace kvcache {
+namespace detail {
+
+/// Shared-memory offsets and the per-tile steps of the attention bodies.
+/// @tparam Rows query rows a block holds (tokens x Group)
+/// @tparam Group query heads per KV head (the rows of one token)
+/// @tparam Dim head dimension (a multiple of 8)
+/// @tparam Tile keys per shared-memory tile (at most 32: one key per lane)
+/// @tparam BlockThreads threads per block
+template <int Rows, int Group, int Dim, int Tile, int BlockThreads>
+struct attention_tile {
+    static constexpr int pitch = Dim + 1;  // key rows padded: the score loop reads a column across lanes
+    static constexpr int per_thread = (Rows * Dim + BlockThreads - 1) / BlockThreads;
+
+    // Shared memory: queries (reused for the normalised outputs), key tile,
+    // value tile, scores, and per-row max / sum / rescale factor.
+    static constexpr std::size_t query_offset = 0;
+    static constexpr std::size_t key_offset = align16(query_offset + sizeof(float) * Rows * Dim);
+    static constexpr std::size_t value_offset = align16(key_offset + sizeof(float) * Tile * pitch);
+    static constexpr std::size_t score_offset = align16(value_offset + sizeof(float) * Tile * Dim);
+    static constexpr std::size_t stats_offset = align16(score_offset + sizeof(float) * Rows * Tile);
+    /// Dynamic shared memory a launch needs.
+    static constexpr std::size_t shared_bytes = align16(stats_offset + sizeof(float) * 3 * Rows);
+
+    /// Every row's running max to -inf and sum to 0; this thread's accumulators to 0.
+    /// The caller syncs the block before the first step.
+    template <class Context, class Stats>
+    KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static void reset(Context& ctx, Stats& stats,
+                                                               float (&accumulators)[per_thread]) {
+        for (int r = ctx.thread_index(); r < Rows; r += BlockThreads) {
+            stats[r] = negative_infinity();
+            stats[Rows + r] = 0.0f;
+        }
+        KVCACHE_UNROLL
+        for (int k = 0; k < per_thread; ++k) accumulators[k] = 0.0f;
+    }
+
+    /// One tile: the first n (<= Tile) keys and values of run, seen by rows of
+    /// tokens [0, tokens) at positions first_position + token.
+    template <class Context, class Element, class Queries, class Keys, class Values, class Scores, class Stats>
+    KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static void step(Context& ctx, const position_run<Element>& run, int n,
+                                                              const attention_visibility& visibility,
+                                                              int first_position, int tokens, float soft_cap,
+                                                              Queries& queries, Keys& keys, Values& values,
+                                                              Scores& scores, Stats& stats,
+                                                              float (&accumulators)[per_thread]) {
+        const int thread = ctx.thread_index(), lane = ctx.lane(), warp = ctx.warp(), warps = ctx.warp_count();
+        for (int i = thread; i < n * (Dim / 8); i += BlockThreads) {
+            const int t = i / (Dim / 8), c = (i % (Dim / 8)) * 8;
+            float x[8];
+            load8(ctx, run.keys + std::size_t(t) * run.stride + c, x);
+            for (int j = 0; j < 8; ++j) keys[t * pitch + c + j] = x[j];
+            load8(ctx, run.values + std::size_t(t) * run.stride + c, x);
+            for (int j = 0; j < 8; ++j) values[t * Dim + c + j] = x[j];
+        }
+        ctx.sync_block();
+        for (int i = thread; i < Rows * Tile; i += BlockThreads) {
+            const int r = i / Tile, t = i % Tile, token = r / Group;
+            float score = negative_infinity();
+            if (t < n && token < tokens && visibility.allows(first_position + token, run.first_position + t)) {
+                float dot = 0.0f;
+                for (int d = 0; d < Dim; ++d) dot += queries[r * Dim + d] * keys[t * pitch + d];
+                score = apply_soft_cap(dot, soft_cap);
+            }
+            scores[i] = score;
+        }
+        ctx.sync_block();
+        for (int r = warp; r < Rows; r += warps) {  // one warp per row: running max and sum
+            const float old_max = stats[r];
+            const float score = lane < Tile ? scores[r * Tile + lane] : negative_infinity();
+            const float block_max = ctx.warp_max(score);
+            const float new_max = block_max > old_max ? block_max : old_max;
+            const float weight = exp_difference(score, new_max);
+            const float sum = ctx.warp_sum(weight);
+            if (lane < Tile) scores[r * Tile + lane] = weight;
+            if (lane == 0) {
+                const float rescale = exp_difference(old_max, new_max);
+                stats[r] = new_max;
+                stats[Rows + r] = stats[Rows + r] * rescale + sum;
+                stats[2 * Rows + r] = rescale;
+            }
+        }
+        ctx.sync_block();
+        KVCACHE_UNROLL
+        for (int k = 0; k < per_thread; ++k) {
+            const int j = thread + k * BlockThreads;
+            if (j < Rows * Dim) {
+                const int r = j / Dim, d = j % Dim;
+                float a = accumulators[k] * stats[2 * Rows + r];
+                for (int t = 0; t < n; ++t) a += scores[r * Tile + t] * values[t * Dim + d];
+                accumulators[k] = a;
+            }
+        }
+        ctx.sync_block();
+    }
+
+    /// Normalised outputs into the query buffer (rows with no visible key give 0), then a block sync.
+    template <class Context, class Queries, class Stats>
+    KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static void normalise(Context& ctx, Queries& queries, Stats& stats,
+                                                                   const float (&accumulators)[per_thread]) {
+        const int thread = ctx.thread_index();
+        KVCACHE_UNROLL
+        for (int k = 0; k < per_thread; ++k) {
+            const int j = thread + k * BlockThreads;
+            if (j < Rows * Dim) {
+                const float sum = stats[Rows + j / Dim];
+                queries[j] = sum > 0.0f ? accumulators[k] / sum : 0.0f;
+            }
+        }
+        ctx.sync_block();
+    }
+
+    /// Row r's log-sum-exp of its scores; -inf when it saw no key.
+    template <class Stats>
+    KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static float log_sum_exp(Stats& stats, int r) {
+        const float sum = stats[Rows + r];
+        return sum > 0.0f ? stats[r] + ::logf(sum) : negative_infinity();
+    }
+};
+
+}  // namespace detail
+}  // namespace kvcache

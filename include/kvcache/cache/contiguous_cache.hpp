@@ -79,10 +79,6 @@ public:
         sequences_.erase(id);
     }
 
-    bool contains(sequence_id id) const { return sequences_.contains(id); }
-    std::size_t sequence_count() const noexcept { return sequences_.size(); }
-    std::vector<sequence_id> sequences() const { return sequences_.ids(); }
-    int length(sequence_id id) const { return sequences_.at(id).length; }
     /// Storage slot of a sequence.
     int slot(sequence_id id) const { return sequences_.at(id).slot; }
 
@@ -125,8 +121,7 @@ public:
     /// Shortens the sequence to new_length; out_of_range when past the end.
     void truncate(sequence_id id, int new_length) {
         state& s = sequences_.at(id);
-        require(new_length >= 0 && new_length <= s.length, error_code::out_of_range, "truncate of sequence ", id,
-                " to ", new_length, " is outside [0, ", s.length, "]");
+        base::check_truncate(id, new_length, s.length);
         s.length = new_length;
     }
 
@@ -141,22 +136,13 @@ public:
     }
 
     /// Positions a kernel may read: all of [0, length).
-    std::vector<int> present_positions(sequence_id id) const {
-        std::vector<int> out(length(id));
-        for (int i = 0; i < static_cast<int>(out.size()); ++i) out[i] = i;
-        return out;
-    }
+    std::vector<int> present_positions(sequence_id id) const { return base::all_positions(this->length(id)); }
 
     /// The view of one layer over a batch (batch slot i is batch[i]). It stays
     /// valid until the cache changes or a view of a different batch is made.
     view_type view(int layer, const std::vector<sequence_id>& batch) {
         this->check_layer(layer);
-        sequences_.require_all(batch);
-        std::vector<int> table(2 * batch.size());
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-            table[i] = sequences_.at(batch[i]).length;
-            table[batch.size() + i] = sequences_.at(batch[i]).slot;
-        }
+        const std::vector<int> table = this->length_slot_table(batch);
         const int* device_table = table_.upload(table);
         const int n = static_cast<int>(batch.size());
         return view_type::packed(store_.keys(layer), store_.values(layer), device_table,

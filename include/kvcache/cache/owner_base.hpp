@@ -15,15 +15,26 @@
 namespace kvcache {
 namespace detail {
 
-/// CRTP base of the owners. Derived provides layers(), header(), sequences(),
-/// contains(), length(), present_positions(), tokens_of(), read(), write(),
-/// begin_append(), remove_sequence() and restore(records) (all-or-nothing).
+/// CRTP base of the owners. Derived provides layers(), header(),
+/// present_positions(), tokens_of(), read(), write(), begin_append(),
+/// remove_sequence(), restore(records) (all-or-nothing) and a
+/// sequence_registry sequences_ whose states have a length (and, for the
+/// slot-based owners, a slot); it makes this base a friend.
 /// @tparam Derived the owner
 /// @tparam Element stored element type
 /// @tparam Heads a head_config
 template <class Derived, class Element, class Heads>
 class owner_base {
 public:
+    /// True when id names a live sequence.
+    bool contains(sequence_id id) const { return derived().sequences_.contains(id); }
+    /// Live sequences.
+    std::size_t sequence_count() const noexcept { return derived().sequences_.size(); }
+    /// Ids of the live sequences.
+    std::vector<sequence_id> sequences() const { return derived().sequences_.ids(); }
+    /// Positions of a sequence; not_found for an unknown id.
+    int length(sequence_id id) const { return derived().sequences_.at(id).length; }
+
     /// Appends n tokens' rows for one layer from host arrays laid out
     /// [token][kv_head][head_dim]. Layer 0 opens the step: it reserves n new
     /// positions for every layer (begin_append) and writes its rows; layers
@@ -79,14 +90,10 @@ public:
             rec.keys.assign(self.layers(), std::vector<Element>(present * row));
             rec.values.assign(self.layers(), std::vector<Element>(present * row));
             for (int l = 0; l < self.layers(); ++l) {
-                std::size_t i = 0;
-                while (i < present) {  // one read per run of consecutive positions
-                    std::size_t j = i + 1;
-                    while (j < present && rec.positions[j] == rec.positions[j - 1] + 1) ++j;
+                for_each_position_run(rec.positions, [&](std::size_t i, std::size_t j) {  // one read per run
                     self.read(id, l, rec.positions[i], static_cast<int>(j - i), rec.keys[l].data() + i * row,
                               rec.values[l].data() + i * row);
-                    i = j;
-                }
+                });
             }
             records.push_back(std::move(rec));
         }
@@ -129,6 +136,40 @@ protected:
         require_count(n, "n_tokens");
         require(first >= 0 && first <= length && n <= length - first, error_code::out_of_range, "positions [", first,
                 ", ", std::int64_t(first) + n, ") of sequence ", id, " are outside its length ", length);
+    }
+
+    /// Throws out_of_range unless new_length lies in [0, length].
+    static void check_truncate(sequence_id id, int new_length, int length) {
+        require(new_length >= 0 && new_length <= length, error_code::out_of_range, "truncate of sequence ", id,
+                " to ", new_length, " is outside [0, ", length, "]");
+    }
+    /// Every position of [0, length): what an owner that keeps all rows presents.
+    static std::vector<int> all_positions(int length) {
+        std::vector<int> out(length);
+        for (int i = 0; i < length; ++i) out[i] = i;
+        return out;
+    }
+    /// Calls f(i, j) for each maximal [i, j) of ascending positions that are consecutive.
+    template <class F>
+    static void for_each_position_run(const std::vector<int>& positions, F&& f) {
+        std::size_t i = 0;
+        while (i < positions.size()) {
+            std::size_t j = i + 1;
+            while (j < positions.size() && positions[j] == positions[j - 1] + 1) ++j;
+            f(i, j);
+            i = j;
+        }
+    }
+    /// The slot owners' view table: batch lengths, then batch slots.
+    std::vector<int> length_slot_table(const std::vector<sequence_id>& batch) const {
+        const auto& sequences = derived().sequences_;
+        sequences.require_all(batch);
+        std::vector<int> table(2 * batch.size());
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            table[i] = sequences.at(batch[i]).length;
+            table[batch.size() + i] = sequences.at(batch[i]).slot;
+        }
+        return table;
     }
 
 private:

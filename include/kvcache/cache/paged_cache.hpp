@@ -78,10 +78,6 @@ public:
         sequences_.erase(id);
     }
 
-    bool contains(sequence_id id) const { return sequences_.contains(id); }
-    std::size_t sequence_count() const noexcept { return sequences_.size(); }
-    std::vector<sequence_id> sequences() const { return sequences_.ids(); }
-    int length(sequence_id id) const { return sequences_.at(id).length; }
     /// The sequence's page ids in position order.
     const std::vector<int>& pages(sequence_id id) const { return sequences_.at(id).pages; }
     /// References held on a page (forks and prefix hits share pages).
@@ -197,8 +193,7 @@ public:
     /// when new_length is past the end.
     void truncate(sequence_id id, int new_length) {
         state& s = sequences_.at(id);
-        require(new_length >= 0 && new_length <= s.length, error_code::out_of_range, "truncate of sequence ", id,
-                " to ", new_length, " is outside [0, ", s.length, "]");
+        base::check_truncate(id, new_length, s.length);
         const std::size_t keep = pages_for(new_length);
         for (std::size_t i = keep; i < s.pages.size(); ++i) pool_.release(s.pages[i]);
         s.pages.resize(keep);
@@ -216,11 +211,7 @@ public:
     }
 
     /// Positions a kernel may read: all of [0, length).
-    std::vector<int> present_positions(sequence_id id) const {
-        std::vector<int> out(length(id));
-        for (int i = 0; i < static_cast<int>(out.size()); ++i) out[i] = i;
-        return out;
-    }
+    std::vector<int> present_positions(sequence_id id) const { return base::all_positions(this->length(id)); }
 
     /// The view of one layer over a batch, with the CSR page table in the
     /// cache's memory space. Valid until the cache changes or a view of a

@@ -75,10 +75,6 @@ public:
         sequences_.erase(id);
     }
 
-    bool contains(sequence_id id) const { return sequences_.contains(id); }
-    std::size_t sequence_count() const noexcept { return sequences_.size(); }
-    std::vector<sequence_id> sequences() const { return sequences_.ids(); }
-    int length(sequence_id id) const { return sequences_.at(id).length; }
 
     /// True when position is kept for a sequence of the given length.
     bool present(int length, int position) const noexcept {
@@ -127,8 +123,7 @@ public:
     /// are gone, so it is out_of_range, as is a new length past the end.
     void truncate(sequence_id id, int new_length) {
         state& s = sequences_.at(id);
-        require(new_length >= 0 && new_length <= s.length, error_code::out_of_range, "truncate of sequence ", id,
-                " to ", new_length, " is outside [0, ", s.length, "]");
+        base::check_truncate(id, new_length, s.length);
         require(new_length == s.length || s.length <= sinks_ + ring_, error_code::out_of_range,
                 "truncate of sequence ", id, " to ", new_length, " needs positions the window evicted (length ",
                 s.length, " > sinks ", sinks_, " + ring ", ring_, ")");
@@ -146,18 +141,13 @@ public:
     }
 
     /// Present positions, ascending: the sinks, then the ring's contents.
-    std::vector<int> present_positions(sequence_id id) const { return present_positions_for(length(id)); }
+    std::vector<int> present_positions(sequence_id id) const { return present_positions_for(this->length(id)); }
 
     /// The view of one layer over a batch. Valid until the cache changes or a
     /// view of a different batch is made.
     view_type view(int layer, const std::vector<sequence_id>& batch) {
         this->check_layer(layer);
-        sequences_.require_all(batch);
-        std::vector<int> table(2 * batch.size());
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-            table[i] = sequences_.at(batch[i]).length;
-            table[batch.size() + i] = sequences_.at(batch[i]).slot;
-        }
+        const std::vector<int> table = this->length_slot_table(batch);
         const int* t = table_.upload(table);
         const int n = static_cast<int>(batch.size());
         auto v = view_type::packed(store_.keys(layer), store_.values(layer), t, t ? t + n : nullptr, n, sinks_, ring_,
@@ -243,15 +233,11 @@ private:
             ids.push_back(id);
             sequences_.at(id).length = r.length;
             constexpr std::size_t row = std::size_t(Heads::kv_heads) * Heads::head_dim;
-            std::size_t i = 0;
-            while (i < r.positions.size()) {
-                std::size_t j = i + 1;
-                while (j < r.positions.size() && r.positions[j] == r.positions[j - 1] + 1) ++j;
+            base::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers(); ++l)
                     write(id, l, r.positions[i], r.keys[l].data() + i * row, r.values[l].data() + i * row,
                           static_cast<int>(j - i));
-                i = j;
-            }
+            });
         }
         return ids;
     }

@@ -9,6 +9,7 @@
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/layout/detail/view_rows.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache {
@@ -21,7 +22,7 @@ namespace kvcache {
 /// @tparam Element stored element type (float or kvcache::half)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
-struct contiguous_view {
+struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Element> {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::contiguous;
@@ -52,36 +53,19 @@ struct contiguous_view {
         return v;
     }
 
-    KVCACHE_HOST_DEVICE int sequence_count() const noexcept { return sequences; }
-    KVCACHE_HOST_DEVICE int length(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
 
     /// Element offset of row (seq, kv_head, position) from keys (and from values).
     KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
-        const int slot = slots ? slots[seq] : seq;
-        return slot * slot_stride + kv_head * head_stride + position * position_stride;
-    }
-    KVCACHE_HOST_DEVICE Element* key(int seq, int kv_head, int position) const noexcept {
-        return keys + offset(seq, kv_head, position);
-    }
-    KVCACHE_HOST_DEVICE Element* value(int seq, int kv_head, int position) const noexcept {
-        return values + offset(seq, kv_head, position);
+        return detail::slot_of(slots, seq) * slot_stride + kv_head * head_stride + position * position_stride;
     }
 
     /// Every position from visible_begin to the end is one run.
     KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
-        position_run<Element> r;
-        const int n = lengths[seq];
-        r.first_visible = visible_begin;
-        r.first_position = visible_begin;
-        r.stride = static_cast<int>(position_stride);
-        if (visible_begin >= n) return r;
-        const std::int64_t at = offset(seq, kv_head, visible_begin);
-        r.keys = keys + at;
-        r.values = values + at;
-        r.count = n - visible_begin;
-        return r;
+        const int n = lengths[seq], stride = static_cast<int>(position_stride);
+        if (visible_begin >= n) return this->no_rows(visible_begin, visible_begin, stride);
+        return this->rows_from(seq, kv_head, visible_begin, visible_begin, n - visible_begin, stride);
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {}; }

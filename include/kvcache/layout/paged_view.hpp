@@ -9,6 +9,7 @@
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/layout/detail/view_rows.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache {
@@ -34,7 +35,7 @@ KVCACHE_HOST_DEVICE constexpr int power_of_two_shift(int n) noexcept {
 /// @tparam Element stored element type (float or kvcache::half)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
-struct paged_view {
+struct paged_view : detail::view_rows<paged_view<Element, Heads>, Element> {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::paged;
@@ -66,8 +67,6 @@ struct paged_view {
         return v;
     }
 
-    KVCACHE_HOST_DEVICE int sequence_count() const noexcept { return sequences; }
-    KVCACHE_HOST_DEVICE int length(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
 
@@ -88,27 +87,14 @@ struct paged_view {
         return page(seq, position) * page_stride +
                (std::int64_t(kv_head) * page_size + row_of(position)) * Heads::head_dim;
     }
-    KVCACHE_HOST_DEVICE Element* key(int seq, int kv_head, int position) const noexcept {
-        return keys + offset(seq, kv_head, position);
-    }
-    KVCACHE_HOST_DEVICE Element* value(int seq, int kv_head, int position) const noexcept {
-        return values + offset(seq, kv_head, position);
-    }
 
     /// From visible_begin to the end of its page (or of the sequence).
     KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
-        position_run<Element> r;
         const int n = lengths[seq];
-        r.first_visible = visible_begin;
-        r.first_position = visible_begin;
-        r.stride = Heads::head_dim;
-        if (visible_begin >= n) return r;
-        const std::int64_t at = offset(seq, kv_head, visible_begin);
-        r.keys = keys + at;
-        r.values = values + at;
+        if (visible_begin >= n) return this->no_rows(visible_begin, visible_begin, Heads::head_dim);
         const int to_page_end = page_size - row_of(visible_begin);
-        r.count = n - visible_begin < to_page_end ? n - visible_begin : to_page_end;
-        return r;
+        return this->rows_from(seq, kv_head, visible_begin, visible_begin,
+                               n - visible_begin < to_page_end ? n - visible_begin : to_page_end, Heads::head_dim);
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {}; }

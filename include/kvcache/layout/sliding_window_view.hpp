@@ -10,6 +10,7 @@
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/layout/detail/view_rows.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache {
@@ -24,7 +25,7 @@ namespace kvcache {
 /// @tparam Element stored element type (float or kvcache::half)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
-struct sliding_window_view {
+struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Heads>, Element> {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::sliding_window;
@@ -59,8 +60,6 @@ struct sliding_window_view {
         return v;
     }
 
-    KVCACHE_HOST_DEVICE int sequence_count() const noexcept { return sequences; }
-    KVCACHE_HOST_DEVICE int length(int seq) const noexcept { return lengths[seq]; }
 
     /// Present sink positions: min(length, sinks).
     KVCACHE_HOST_DEVICE int sink_count(int seq) const noexcept {
@@ -87,43 +86,26 @@ struct sliding_window_view {
     }
     /// Element offset of row (seq, kv_head, position) from keys (and from values).
     KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
-        const int slot = slots ? slots[seq] : seq;
-        return slot * slot_stride + kv_head * head_stride + std::int64_t(row_of(position)) * Heads::head_dim;
-    }
-    KVCACHE_HOST_DEVICE Element* key(int seq, int kv_head, int position) const noexcept {
-        return keys + offset(seq, kv_head, position);
-    }
-    KVCACHE_HOST_DEVICE Element* value(int seq, int kv_head, int position) const noexcept {
-        return values + offset(seq, kv_head, position);
+        return detail::slot_of(slots, seq) * slot_stride + kv_head * head_stride + std::int64_t(row_of(position)) * Heads::head_dim;
     }
 
     /// Positions stay consecutive and rows adjacent up to the ring's wrap
     /// point; before anything is evicted (length <= sinks + ring) row ==
     /// position, so the sinks and the ring form one run.
     KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
-        position_run<Element> r;
-        r.first_visible = visible_begin;
-        r.stride = Heads::head_dim;
         const int n = lengths[seq];
-        const int visible = visible_count(seq);
-        if (visible_begin >= visible) {
-            r.first_position = n;
-            return r;
-        }
+        if (visible_begin >= visible_count(seq)) return this->no_rows(visible_begin, n, Heads::head_dim);
         const int p = visible_position(seq, visible_begin);
-        r.first_position = p;
-        const std::int64_t at = offset(seq, kv_head, p);
-        r.keys = keys + at;
-        r.values = values + at;
+        int count;
         if (n <= sinks + ring) {
-            r.count = n - p;
+            count = n - p;
         } else if (p < sinks) {
-            r.count = sinks - p;
+            count = sinks - p;
         } else {
             const int to_wrap = ring - (p - sinks) % ring;
-            r.count = n - p < to_wrap ? n - p : to_wrap;
+            count = n - p < to_wrap ? n - p : to_wrap;
         }
-        return r;
+        return this->rows_from(seq, kv_head, visible_begin, p, count, Heads::head_dim);
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {window, sinks}; }

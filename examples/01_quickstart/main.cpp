@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/arguments.hpp"
+#include "common/run_main.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/backend/reference.hpp"
 #include "kvcache/cache/paged_cache.hpp"
@@ -74,16 +75,10 @@ backend (double precision).
 
 int main(int argc, char** argv) {
     namespace ex = kvcache::examples;
-    try {
+    return ex::run_main("01_quickstart", [&]() -> int {
         ex::arguments args(argc, argv, {"--help"}, {"--tokens", "--page-size", "--seed"});
         if (args.has("--help")) return std::cout << usage, 0;
         return quickstart(args.integer("--tokens", 100, 1, 1 << 20), args.integer("--page-size", 16, 1, 1 << 16),
                           static_cast<unsigned>(args.integer("--seed", 1, 0, 1 << 30)));
-    } catch (const ex::usage_error& e) {
-        std::fprintf(stderr, "01_quickstart: %s\n", e.what());
-        return 2;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "01_quickstart: error: %s\n", e.what());
-        return 1;
-    }
+    });
 }

@@ -18,6 +18,7 @@
 #include "common/device_attention.hpp"
 #include "common/generation_comparison.hpp"
 #include "common/progress_line.hpp"
+#include "common/run_main.hpp"
 
 namespace ex = kvcache::examples;
 
@@ -190,13 +191,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const ex::usage_error& e) {
-        std::fprintf(stderr, "02_generate: %s\n", e.what());
-        return 2;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "02_generate: error: %s\n", e.what());
-        return 1;
-    }
+    return ex::run_main("02_generate", [&] { return run(argc, argv); });
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/arguments.hpp"
+#include "common/run_main.hpp"
 #include "common/tiny_llama.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/cache/paged_cache.hpp"
@@ -229,13 +230,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const ex::usage_error& e) {
-        std::fprintf(stderr, "03_chat: %s\n", e.what());
-        return 2;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "03_chat: error: %s\n", e.what());
-        return 1;
-    }
+    return ex::run_main("03_chat", [&] { return run(argc, argv); });
 }

@@ -14,6 +14,7 @@
 
 #include "common/arguments.hpp"
 #include "common/model_weights.hpp"
+#include "common/run_main.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 
@@ -247,7 +248,7 @@ int run(const settings& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
+    return ex::run_main("04_shared_prefix", [&]() -> int {
         ex::arguments args(argc, argv, {"--help"},
                            {"--requests", "--system", "--question", "--decode", "--page-size", "--layers", "--dtype",
                             "--threads", "--seed"});
@@ -266,11 +267,5 @@ int main(int argc, char** argv) {
         const kvcache::element_kind element = args.element("--dtype", kvcache::element_kind::fp32);
         kvcache::cpu::set_thread_count(args.integer("--threads", 0, 0, 1024));
         return element == kvcache::element_kind::fp16 ? run<kvcache::half>(s) : run<float>(s);
-    } catch (const ex::usage_error& e) {
-        std::fprintf(stderr, "04_shared_prefix: %s\n", e.what());
-        return 2;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "04_shared_prefix: error: %s\n", e.what());
-        return 1;
-    }
+    });
 }

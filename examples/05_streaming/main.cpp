@@ -15,6 +15,7 @@
 
 #include "common/arguments.hpp"
 #include "common/kvcache_attention.hpp"
+#include "common/run_main.hpp"
 #include "common/tiny_llama.hpp"
 
 namespace ex = kvcache::examples;
@@ -272,13 +273,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const ex::usage_error& e) {
-        std::fprintf(stderr, "05_streaming: %s\n", e.what());
-        return 2;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "05_streaming: error: %s\n", e.what());
-        return 1;
-    }
+    return ex::run_main("05_streaming", [&] { return run(argc, argv); });
 }

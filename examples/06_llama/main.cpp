@@ -14,6 +14,7 @@
 #include "common/compute_backend.hpp"
 #include "common/kvcache_attention.hpp"
 #include "common/progress_line.hpp"
+#include "common/run_main.hpp"
 #include "common/tiny_llama.hpp"
 #include "supported_heads.hpp"
 
@@ -219,13 +220,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const ex::usage_error& e) {
-        std::fprintf(stderr, "06_llama: %s\n", e.what());
-        return 2;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "06_llama: error: %s\n", e.what());
-        return 1;
-    }
+    return ex::run_main("06_llama", [&] { return run(argc, argv); });
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvcache/backend/cpu/attention_rows.hpp"
+#include "kvcache/backend/cpu/decode_tile.hpp"
 #include "kvcache/backend/cpu/thread_pool.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/kernels/attention_options.hpp"
@@ -54,15 +55,9 @@ void decode(const Layout& view, const Query* queries, Query* outputs, float* lse
         pool.parallel_for(items, [&](int item) {
             const int b = item / heads::kv_heads, kv = item % heads::kv_heads;
             const std::size_t first_row = std::size_t(b) * heads::query_heads + std::size_t(kv) * group;
-            row_state state(group, dim);
-            const int length = view.length(b);
-            const Query* rows[group];
-            int positions[group];
-            for (int g = 0; g < group; ++g) rows[g] = queries + (first_row + g) * dim, positions[g] = length - 1;
-            load_queries(state, rows, positions, scale);
-            if (length > 0)
-                attend_range(state, view, b, kv, 0, view.visible_count(b), length - 1, options.logits_soft_cap);
-            for (int g = 0; g < group; ++g) store_row(state, g, outputs + (first_row + g) * dim, lse ? lse + first_row + g : nullptr);
+            const int length = view.length(b), visible = length > 0 ? view.visible_count(b) : 0;
+            decode_range<group>(view, b, kv, 0, visible, length - 1, queries + first_row * dim, scale,
+                                options.logits_soft_cap, outputs + first_row * dim, lse ? lse + first_row : nullptr);
         });
         return;
     }
@@ -76,15 +71,14 @@ void decode(const Layout& view, const Query* queries, Query* outputs, float* lse
         const int length = view.length(b), visible = length > 0 ? view.visible_count(b) : 0;
         const int chunk = std::max((visible + splits - 1) / splits, min_split_keys);
         const int begin = std::min(visible, split * chunk), end = std::min(visible, begin + chunk);
-        row_state state(group, dim);
-        const Query* query_rows[group];
-        int positions[group];
-        for (int g = 0; g < group; ++g) query_rows[g] = queries + (first_row + g) * dim, positions[g] = length - 1;
-        load_queries(state, query_rows, positions, scale);
-        attend_range(state, view, b, kv, begin, end, length - 1, options.logits_soft_cap);
+        // Partial rows of one (item, split) are `splits` rows apart: written through a gathered copy.
+        std::vector<float> partial_rows(std::size_t(group) * dim), partial_row_lse(group);
+        decode_range<group>(view, b, kv, begin, end, length - 1, queries + first_row * dim, scale,
+                            options.logits_soft_cap, partial_rows.data(), partial_row_lse.data());
         for (int g = 0; g < group; ++g) {
             const std::size_t slot = (first_row + g) * splits + split;
-            store_row(state, g, partial.data() + slot * dim, partial_lse.data() + slot);
+            std::copy(partial_rows.begin() + g * dim, partial_rows.begin() + (g + 1) * dim, partial.data() + slot * dim);
+            partial_lse[slot] = partial_row_lse[g];
         }
     });
     for (std::size_t row = 0; row < rows; ++row) {

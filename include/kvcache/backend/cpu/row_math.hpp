@@ -53,6 +53,56 @@ inline void widen(const half* __restrict source, float* __restrict destination, 
     }
 }
 
+/// Largest of n floats (n a multiple of 8), in 8 lanes so it vectorises.
+inline float lane_max(const float* x, int n) noexcept {
+    float lanes[8];
+    for (int j = 0; j < 8; ++j) lanes[j] = x[j];
+    for (int i = 8; i < n; i += 8)
+        for (int j = 0; j < 8; ++j) lanes[j] = lanes[j] < x[i + j] ? x[i + j] : lanes[j];
+    float best = lanes[0];
+    for (int j = 1; j < 8; ++j) best = best < lanes[j] ? lanes[j] : best;
+    return best;
+}
+
+/// Sum of n floats (n a multiple of 8), in 8 lanes so it vectorises.
+inline float lane_sum(const float* x, int n) noexcept {
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < n; i += 8)
+        for (int j = 0; j < 8; ++j) lanes[j] += x[i + j];
+    return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
+/// x[i] = exp(x[i]) for x[i] <= 0 (0 for -inf and below -87, where expf
+/// itself is a denormal that no softmax weight next to exp(0) = 1 notices).
+/// A branch-free Cephes-style polynomial, within 2 ulp of expf, so the loop
+/// vectorises where a call to expf per element would not.
+inline void exp_non_positive(float* x, int n) noexcept {
+    constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    std::uint32_t magic_bits;
+    std::memcpy(&magic_bits, &magic, 4);
+    for (int i = 0; i < n; ++i) {
+        const float input = x[i];
+        const float clamped = input < -87.0f ? -87.0f : (input > 0.0f ? 0.0f : input);
+        const float rounded = clamped * 1.44269504088896341f + magic;
+        std::uint32_t rounded_bits;
+        std::memcpy(&rounded_bits, &rounded, 4);
+        const float k = rounded - magic;
+        float r = clamped - k * 0.693359375f;
+        r = r - k * -2.12194440e-4f;
+        float p = 1.9875691500e-4f;
+        p = p * r + 1.3981999507e-3f;
+        p = p * r + 8.3334519073e-3f;
+        p = p * r + 4.1665795894e-2f;
+        p = p * r + 1.6666665459e-1f;
+        p = p * r + 5.0000001201e-1f;
+        const float y = (p * (r * r) + r) + 1.0f;
+        const std::uint32_t scale_bits = (rounded_bits - magic_bits + 127u) << 23;  // 2^k, k in [-126, 0]
+        float scale;
+        std::memcpy(&scale, &scale_bits, 4);
+        x[i] = input < -87.0f ? 0.0f : y * scale;
+    }
+}
+
 /// Copies n floats (the float "widening", so callers are generic).
 inline void widen(const float* source, float* destination, int n) noexcept {
     std::memcpy(destination, source, sizeof(float) * static_cast<std::size_t>(n));

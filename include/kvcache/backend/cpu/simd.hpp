@@ -1,0 +1,136 @@
+// Float vectors for the CPU decode kernel: the widest registers the build
+// targets (AVX-512, else AVX2+FMA), else a plain 8-float array whose loops the
+// compiler maps to whatever it has (SSE2 in a plain x86-64 build). Binary16
+// rows widen on load: with F16C in hardware, else by the exact software
+// conversion of row_math.hpp. The kernel is written once against this.
+#pragma once
+
+#include <cstddef>
+#include <type_traits>
+
+#include "kvcache/backend/cpu/row_math.hpp"
+#include "kvcache/core/half.hpp"
+
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace kvcache {
+namespace cpu {
+namespace detail {
+
+/// 8 float lanes.
+struct float8 {
+    static constexpr int lanes = 8;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 v;
+    static float8 zero() noexcept { return {_mm256_setzero_ps()}; }
+    static float8 broadcast(float x) noexcept { return {_mm256_set1_ps(x)}; }
+    static float8 load(const float* p) noexcept { return {_mm256_loadu_ps(p)}; }
+    static float8 load(const half* p) noexcept {
+#if defined(__F16C__)
+        return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+#else
+        float widened[8];
+        widen(p, widened, 8);
+        return load(widened);
+#endif
+    }
+    void store(float* p) const noexcept { _mm256_storeu_ps(p, v); }
+    friend float8 fma(float8 a, float8 b, float8 c) noexcept { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+    friend float8 operator*(float8 a, float8 b) noexcept { return {_mm256_mul_ps(a.v, b.v)}; }
+    friend float sum(float8 a) noexcept {
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        x = _mm_add_ss(x, _mm_movehdup_ps(x));
+        return _mm_cvtss_f32(x);
+    }
+#else
+    float v[8];
+    static float8 zero() noexcept { return broadcast(0.0f); }
+    static float8 broadcast(float x) noexcept {
+        float8 r;
+        for (int i = 0; i < 8; ++i) r.v[i] = x;
+        return r;
+    }
+    static float8 load(const float* p) noexcept {
+        float8 r;
+        for (int i = 0; i < 8; ++i) r.v[i] = p[i];
+        return r;
+    }
+    static float8 load(const half* p) noexcept {
+        float8 r;
+        widen(p, r.v, 8);
+        return r;
+    }
+    void store(float* p) const noexcept {
+        for (int i = 0; i < 8; ++i) p[i] = v[i];
+    }
+    friend float8 fma(float8 a, float8 b, float8 c) noexcept {
+        for (int i = 0; i < 8; ++i) c.v[i] += a.v[i] * b.v[i];
+        return c;
+    }
+    friend float8 operator*(float8 a, float8 b) noexcept {
+        for (int i = 0; i < 8; ++i) a.v[i] *= b.v[i];
+        return a;
+    }
+    friend float sum(float8 a) noexcept {
+        return ((a.v[0] + a.v[4]) + (a.v[1] + a.v[5])) + ((a.v[2] + a.v[6]) + (a.v[3] + a.v[7]));
+    }
+#endif
+};
+
+#if defined(__AVX512F__)
+/// 16 float lanes (AVX-512 builds only).
+struct float16 {
+    static constexpr int lanes = 16;
+    __m512 v;
+    static float16 zero() noexcept { return {_mm512_setzero_ps()}; }
+    static float16 broadcast(float x) noexcept { return {_mm512_set1_ps(x)}; }
+    static float16 load(const float* p) noexcept { return {_mm512_loadu_ps(p)}; }
+    static float16 load(const half* p) noexcept {
+        // The maskz forms: g++ 12 warns (-Werror) that the unmasked ones' undefined source may be used.
+        return {_mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+    }
+    void store(float* p) const noexcept { _mm512_storeu_ps(p, v); }
+    friend float16 fma(float16 a, float16 b, float16 c) noexcept { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+    friend float16 operator*(float16 a, float16 b) noexcept { return {_mm512_mul_ps(a.v, b.v)}; }
+    friend float sum(float16 a) noexcept {
+        __m512 x = _mm512_add_ps(a.v, _mm512_maskz_shuffle_f32x4(0xffff, a.v, a.v, 0x4e));  // + other 256-bit half
+        x = _mm512_add_ps(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0xb1));              // + neighbouring 128
+        __m128 y = _mm512_maskz_extractf32x4_ps(0xf, x, 0);
+        y = _mm_add_ps(y, _mm_movehl_ps(y, y));
+        y = _mm_add_ss(y, _mm_movehdup_ps(y));
+        return _mm_cvtss_f32(y);
+    }
+};
+inline constexpr int widest_lanes = 16;
+/// Vector registers the build has (what bounds the kernel's accumulators).
+inline constexpr int vector_registers = 32;
+#else
+inline constexpr int widest_lanes = 8;
+inline constexpr int vector_registers = 16;
+#endif
+
+/// The widest vector whose lane count divides Dim.
+template <int Dim>
+struct vector_for {
+#if defined(__AVX512F__)
+    using type = std::conditional_t<Dim % 16 == 0, float16, float8>;
+#else
+    using type = float8;
+#endif
+};
+
+/// Hints the cache to fetch the line holding p (no effect where unsupported).
+inline void prefetch(const void* p) noexcept {
+#if defined(__GNUC__)
+    __builtin_prefetch(p, 0, 3);
+#else
+    (void)p;
+#endif
+}
+
+}  // namespace detail
+}  // namespace cpu
+}  // namespace kvcache

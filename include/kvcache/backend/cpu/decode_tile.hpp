@@ -23,6 +23,10 @@ namespace detail {
 /// Keys scored and folded into the softmax state at a time (a multiple of 8).
 inline constexpr int decode_tile_keys = 32;
 
+/// Tiles whose rows are asked of memory ahead of the one being computed:
+/// two (64 keys) give a page-crossing tile's table walks time to finish.
+inline constexpr int decode_prefetch_tiles = 2;
+
 /// Row pointers and positions of up to decode_tile_keys keys; slots past
 /// count repeat the last row (so fixed-width steps stay in bounds) and carry
 /// position INT_MAX, which no query sees.
@@ -191,13 +195,16 @@ void decode_range(const Layout& view, int sequence, int kv_head, int begin, int 
     const attention_visibility visibility = view.visibility();
 
     tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, position);
-    key_tile<element> tiles[2];
-    int current = 0;
-    bool have = cursor.fill(tiles[current]);
-    while (have) {
+    // A ring of tiles: the one computed now and the ones whose rows were
+    // asked of memory ahead of it (distance decode_prefetch_tiles).
+    key_tile<element> tiles[decode_prefetch_tiles + 1];
+    int filled = 0;
+    while (filled < decode_prefetch_tiles + 1 && cursor.fill(tiles[filled])) {
+        if (filled > 0) prefetch_tile<dim>(tiles[filled]);
+        ++filled;
+    }
+    for (int current = 0; filled > 0; current = (current + 1) % (decode_prefetch_tiles + 1), --filled) {
         const key_tile<element>& tile = tiles[current];
-        have = cursor.fill(tiles[current ^ 1]);
-        if (have) prefetch_tile<dim>(tiles[current ^ 1]);
         // Fixed-width steps over the tile: whole groups of 8 for the lane reductions.
         const int keys = (tile.count + 7) / 8 * 8;
         for (int r0 = 0; r0 < Group; r0 += decode_row_block)
@@ -233,7 +240,11 @@ void decode_range(const Layout& view, int sequence, int kv_head, int begin, int 
                     tile_values<decltype(rows)::value, dim>(scores + r0 * tile_keys, rescale + r0, tile, tile.count,
                                                             accumulator + r0 * dim);
                 });
-        current ^= 1;
+        // The slot just used takes the next tile not yet asked for.
+        if (filled == decode_prefetch_tiles + 1 && cursor.fill(tiles[current])) {
+            prefetch_tile<dim>(tiles[current]);
+            ++filled;
+        }
     }
     for (int r = 0; r < Group; ++r) {
         const float inverse = running_sum[r] > 0.0f ? 1.0f / running_sum[r] : 0.0f;

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "common/arguments.hpp"
+#include "common/flagship_model.hpp"
 #include "common/run_main.hpp"
+#include "common/timing.hpp"
 #include "common/tiny_llama.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/cache/paged_cache.hpp"
@@ -22,7 +24,7 @@ namespace ex = kvcache::examples;
 
 namespace {
 
-using model_heads = kvcache::head_config<8, 2, 32>;
+using model_heads = ex::flagship_heads;
 using chat_cache = kvcache::paged_cache<float, model_heads>;
 
 const char* usage = R"(usage: 03_chat [options]
@@ -90,10 +92,6 @@ struct turn_result {
     std::vector<std::vector<float>> logits;
 };
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 /// Serves one turn: a new sequence, the longest cached prefix of the history
 /// (when `reuse`), the rest of the history computed, then a greedy reply. The
 /// sequence is removed at the end, which leaves its full pages in the prefix cache.
@@ -111,7 +109,7 @@ turn_result serve(chat_cache& cache, ex::llama_model& model, const std::vector<i
     r.computed = static_cast<int>(history.size()) - r.reused;
     attention.next_tokens(history.data() + r.reused);
     std::vector<float> logits = model.forward(history.data() + r.reused, r.computed, r.reused, attention);
-    r.prefill_seconds = seconds_since(start);
+    r.prefill_seconds = ex::seconds_since(start);
     start = std::chrono::steady_clock::now();
     int position = static_cast<int>(history.size());
     for (;;) {
@@ -121,7 +119,7 @@ turn_result serve(chat_cache& cache, ex::llama_model& model, const std::vector<i
         attention.next_tokens(&r.reply.back());
         logits = model.forward(&r.reply.back(), 1, position++, attention);
     }
-    r.reply_seconds = seconds_since(start);
+    r.reply_seconds = ex::seconds_since(start);
     cache.remove_sequence(sequence);
     return r;
 }
@@ -144,14 +142,7 @@ int run(int argc, char** argv) {
     const int threads = args.integer("--threads", 0, 0, 1024);
     const int seed = args.integer("--seed", 1, 0, 1 << 30);
 
-    ex::model_config config;
-    config.vocab_size = 2048;
-    config.hidden_size = 256;
-    config.num_layers = layers;
-    config.num_query_heads = model_heads::query_heads;
-    config.num_kv_heads = model_heads::kv_heads;
-    config.head_dim = model_heads::head_dim;
-    config.intermediate_size = 768;
+    const ex::model_config config = ex::flagship_config(layers);
     ex::thread_pool pool(threads);
     kvcache::cpu::set_thread_count(threads);
     ex::llama_model model(ex::make_random_weights(config, static_cast<std::uint64_t>(seed)), pool);

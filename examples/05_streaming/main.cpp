@@ -14,15 +14,17 @@
 #include <vector>
 
 #include "common/arguments.hpp"
+#include "common/flagship_model.hpp"
 #include "common/kvcache_attention.hpp"
 #include "common/run_main.hpp"
+#include "common/timing.hpp"
 #include "common/tiny_llama.hpp"
 
 namespace ex = kvcache::examples;
 
 namespace {
 
-using model_heads = kvcache::head_config<8, 2, 32>;
+using model_heads = ex::flagship_heads;
 
 const char* usage = R"(usage: 05_streaming [options]
 
@@ -116,10 +118,6 @@ private:
     std::vector<std::vector<float>> keys_, values_;
 };
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 struct checkpoint {
     int step = 0, length = 0;
     std::size_t reserved = 0, used = 0, recompute_rows = 0;
@@ -143,14 +141,7 @@ int run(int argc, char** argv) {
     const int threads = args.integer("--threads", 0, 0, 1024);
     const int seed = args.integer("--seed", 1, 0, 1 << 30);
 
-    ex::model_config config;
-    config.vocab_size = 2048;
-    config.hidden_size = 256;
-    config.num_layers = layers;
-    config.num_query_heads = model_heads::query_heads;
-    config.num_kv_heads = model_heads::kv_heads;
-    config.head_dim = model_heads::head_dim;
-    config.intermediate_size = 768;
+    const ex::model_config config = ex::flagship_config(layers);
     ex::thread_pool pool(threads);
     kvcache::cpu::set_thread_count(threads);
     ex::llama_model model(ex::make_random_weights(config, static_cast<std::uint64_t>(seed)), pool);
@@ -216,7 +207,7 @@ int run(int argc, char** argv) {
             logits = model.forward(sequence.data() + first, length - first, first, recompute);
         }
         const int next = ex::argmax(logits.data(), static_cast<int>(logits.size()));
-        recompute_seconds.push_back(seconds_since(start));
+        recompute_seconds.push_back(ex::seconds_since(start));
         peak_rows = std::max(peak_rows, recompute.rows());
         recomputed_tokens.push_back(next);
         recompute_logits.push_back(std::move(logits));

@@ -15,6 +15,7 @@
 #include "common/kvcache_attention.hpp"
 #include "common/progress_line.hpp"
 #include "common/run_main.hpp"
+#include "common/timing.hpp"
 #include "common/tiny_llama.hpp"
 #include "supported_heads.hpp"
 
@@ -154,7 +155,7 @@ int run(int argc, char** argv) {
     kvcache::cpu::set_thread_count(threads);
     std::fprintf(stderr, "loading %s ...\n", dir.c_str());
     ex::llama_model model(ex::load_checkpoint(dir, checkpoint), pool);
-    double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    double load_s = ex::seconds_since(load_start);
 
     std::string layout_text = kvcache::to_string(cache.layout);
     if (cache.layout == kvcache::layout_kind::paged) layout_text += " (page " + std::to_string(cache.page_size) + ")";

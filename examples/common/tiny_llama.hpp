@@ -15,6 +15,7 @@
 #include "common/rope.hpp"
 #include "common/tensor_ops.hpp"
 #include "common/thread_pool.hpp"
+#include "common/timing.hpp"
 
 namespace kvcache::examples {
 
@@ -134,7 +135,7 @@ inline generation_trace generate(llama_model& model, const std::vector<int>& pro
             logits = model.forward(&sequence[length - 1], 1, length - 1, attention);
         }
         int next = argmax(logits.data(), static_cast<int>(logits.size()));
-        trace.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        trace.step_seconds.push_back(seconds_since(start));
         trace.tokens.push_back(next);
         if (options.keep_logits) trace.logits.push_back(std::move(logits));
         sequence.push_back(next);

@@ -14,6 +14,7 @@
 
 #include "common/arguments.hpp"
 #include "common/flagship_model.hpp"
+#include "common/kvcache_attention.hpp"
 #include "common/run_main.hpp"
 #include "common/timing.hpp"
 #include "common/tiny_llama.hpp"
@@ -68,13 +69,7 @@ public:
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
-        const auto view = cache_.view(layer, batch_);
-        const int offsets[2] = {0, tokens};
-        kvcache::cpu::append(view, k, v, offsets);
-        if (tokens == 1)
-            kvcache::cpu::decode_attention(view, q, out);
-        else
-            kvcache::cpu::prefill_attention(view, q, offsets, out);
+        ex::append_and_attend(cache_.view(layer, batch_), q, k, v, tokens, out);
     }
 
 private:

@@ -16,6 +16,19 @@
 
 namespace kvcache::examples {
 
+/// One layer's attention step of the cached path on the CPU: appends the
+/// tokens' K/V rows through the view, then decodes (one token) or prefills.
+/// @tparam View a layout view in host memory
+template <class View>
+void append_and_attend(const View& view, const float* q, const float* k, const float* v, int tokens, float* out) {
+    const int offsets[2] = {0, tokens};
+    kvcache::cpu::append(view, k, v, offsets);
+    if (tokens == 1)
+        kvcache::cpu::decode_attention(view, q, out);
+    else
+        kvcache::cpu::prefill_attention(view, q, offsets, out);
+}
+
 /// attention_backend over one sequence of a kvcache owner.
 /// @tparam Cache a kvcache owner (static_cache, paged_cache, sliding_window_cache) in host memory
 template <class Cache>
@@ -38,13 +51,7 @@ public:
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
-        auto view = cache_.view(layer, batch_);
-        const int offsets[2] = {0, tokens};
-        kvcache::cpu::append(view, k, v, offsets);
-        if (tokens == 1)
-            kvcache::cpu::decode_attention(view, q, out);
-        else
-            kvcache::cpu::prefill_attention(view, q, offsets, out);
+        append_and_attend(cache_.view(layer, batch_), q, k, v, tokens, out);
     }
 
     sequence_id sequence() const noexcept { return batch_[0]; }

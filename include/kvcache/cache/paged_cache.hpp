@@ -160,16 +160,10 @@ public:
         require_pages(copies, id);
         for (int i = first_page; i <= last_page; ++i)
             if (pool_.shared(s.pages[i])) make_private(s, i);
-        for (int done = 0; done < n;) {
-            const int p = first + done, row = p % page_size_;
-            const int count = std::min(page_size_ - row, n - done);
-            const std::int64_t at = s.pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
-            const std::size_t src = std::size_t(done) * Heads::kv_heads * Heads::head_dim;
-            const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
+        for_each_page_segment(s, first, n, [&](std::int64_t at, std::size_t src, std::int64_t head_stride, int count) {
             detail::scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride, keys + src, count);
             detail::scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride, values + src, count);
-            done += count;
-        }
+        });
     }
 
     /// Reads rows of positions [first, first + n) of one layer into host arrays.
@@ -177,16 +171,10 @@ public:
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
-        for (int done = 0; done < n;) {
-            const int p = first + done, row = p % page_size_;
-            const int count = std::min(page_size_ - row, n - done);
-            const std::int64_t at = s.pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
-            const std::size_t dst = std::size_t(done) * Heads::kv_heads * Heads::head_dim;
-            const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
+        for_each_page_segment(s, first, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
             detail::gather_rows<Element, Heads, Memory>(keys + dst, keys_[layer].data() + at, head_stride, count);
             detail::gather_rows<Element, Heads, Memory>(values + dst, values_[layer].data() + at, head_stride, count);
-            done += count;
-        }
+        });
     }
 
     /// Shortens the sequence, releasing pages past the new end; out_of_range
@@ -262,6 +250,21 @@ private:
     };
 
     std::size_t pages_for(int length) const { return (std::size_t(length) + page_size_ - 1) / page_size_; }
+
+    /// Calls f(at, host_offset, head_stride, count) for each page-long piece of
+    /// positions [first, first + n) of s: at is the piece's first element in a
+    /// layer's pool, host_offset the matching element of a [token][kv_head][head_dim] array.
+    template <class F>
+    void for_each_page_segment(const state& s, int first, int n, F&& f) const {
+        const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
+        for (int done = 0; done < n;) {
+            const int p = first + done, row = p % page_size_;
+            const int count = std::min(page_size_ - row, n - done);
+            const std::int64_t at = s.pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
+            f(at, std::size_t(done) * Heads::kv_heads * Heads::head_dim, head_stride, count);
+            done += count;
+        }
+    }
 
     void require_pages(int needed, sequence_id id) const {
         require(needed <= pool_.available(), error_code::capacity_exceeded, "sequence ", id, " needs ", needed,

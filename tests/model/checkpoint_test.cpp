@@ -4,14 +4,14 @@
 // kvcache gives the ids of recomputation; every bad input names file and tensor.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "checkpoint_writer.hpp"
 #include "common/checkpoint_loader.hpp"
+#include "support/cached_generation.hpp"
+#include "support/scratch_dir.hpp"
 #include "common/kvcache_attention.hpp"
 
 using namespace kvcache::examples;
@@ -19,24 +19,7 @@ using namespace kvcache::examples::testing;
 
 namespace {
 
-// Removes the scratch folders the tests made when the program ends.
-struct scratch_folders {
-    std::vector<std::filesystem::path> made;
-    ~scratch_folders() {
-        std::error_code ignored;
-        for (const auto& dir : made) std::filesystem::remove_all(dir, ignored);
-    }
-};
-scratch_folders scratch;
-
-std::string fresh_dir(const std::string& name) {
-    // The process id keeps concurrent runs (two build trees, ctest -j) apart.
-    auto dir = std::filesystem::temp_directory_path() /
-               ("kvcache_checkpoint_test_" + std::to_string(::getpid()) + "_" + name);
-    std::filesystem::remove_all(dir);
-    scratch.made.push_back(dir);
-    return dir.string();
-}
+std::string fresh_dir(const std::string& name) { return scratch_dir("kvcache_checkpoint_test", name); }
 
 // Every tensor of `loaded` equals the written one after rounding through its dtype.
 void check_weights_equal(const model_weights& written, const model_weights& loaded, const std::vector<std::string>& dtypes) {
@@ -99,22 +82,12 @@ TEST_CASE("the loaded checkpoint generates the same ids cached (every layout, fp
     auto config = read_model_config(dir);
     llama_model model(load_checkpoint(dir, config), pool);
     std::vector<int> prompt{1, 5, 9, 200, 17, 3, 3, 44};
-    for (auto layout : {kvcache::layout_kind::contiguous, kvcache::layout_kind::paged, kvcache::layout_kind::sliding_window})
-        for (auto element : {kvcache::element_kind::fp32, kvcache::element_kind::fp16}) {
-            CAPTURE(std::string(kvcache::to_string(layout)));
-            CAPTURE(std::string(kvcache::to_string(element)));
-            cache_options cache;
-            cache.layout = layout;
-            cache.element = element;
-            cache.page_size = 4;
-            cache.window = 8;
-            cache.sinks = 2;
-            cache.prefill_chunk = 4;
-            recompute_attention recompute(config.model, pool, element, cache.visibility());
-            auto slow = generate(model, prompt, 16, recompute, generation_mode::recompute);
-            auto fast = generate_with_kvcache<heads>(model, prompt, 16, cache).trace;
-            CHECK(slow.tokens == fast.tokens);
-        }
+    for_each_cache_kind(4, 8, 2, 4, [&](const cache_options& cache) {
+        recompute_attention recompute(config.model, pool, cache.element, cache.visibility());
+        auto slow = generate(model, prompt, 16, recompute, generation_mode::recompute);
+        auto fast = generate_with_kvcache<heads>(model, prompt, 16, cache).trace;
+        CHECK(slow.tokens == fast.tokens);
+    });
 }
 
 TEST_CASE("bad checkpoints: one error naming the file and the tensor") {

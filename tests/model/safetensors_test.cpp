@@ -2,14 +2,13 @@
 // case is one kvcache::error naming the file (and tensor), never a bad read.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "checkpoint_writer.hpp"
 #include "common/checkpoint_loader.hpp"
+#include "support/scratch_dir.hpp"
 
 using namespace kvcache::examples;
 using namespace kvcache::examples::testing;
@@ -44,24 +43,10 @@ std::vector<unsigned char> with_header(const std::string& header, std::size_t da
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// Removes the scratch folders the tests made when the program ends.
-struct scratch_folders {
-    std::vector<std::filesystem::path> made;
-    ~scratch_folders() {
-        std::error_code ignored;
-        for (const auto& dir : made) std::filesystem::remove_all(dir, ignored);
-    }
-};
-scratch_folders scratch;
-
 std::string temp_dir(const std::string& name) {
-    // The process id keeps concurrent runs (two build trees, ctest -j) apart.
-    auto dir = std::filesystem::temp_directory_path() /
-               ("kvcache_model_test_" + std::to_string(::getpid()) + "_" + name);
-    std::filesystem::remove_all(dir);
+    const std::string dir = scratch_dir("kvcache_model_test", name);
     std::filesystem::create_directories(dir);
-    scratch.made.push_back(dir);
-    return dir.string();
+    return dir;
 }
 
 }  // namespace

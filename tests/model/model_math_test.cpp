@@ -7,6 +7,7 @@
 
 #include "common/tiny_llama.hpp"
 #include "naive_cache_attention.hpp"
+#include "support/cached_generation.hpp"
 
 using namespace kvcache::examples;
 
@@ -15,6 +16,19 @@ generation_options keep_logits() {
     generation_options o;
     o.keep_logits = true;
     return o;
+}
+
+// The model of the cached-generation tests: 2 layers, 4 query / 2 KV heads of 16.
+model_config small_config() {
+    model_config c;
+    c.vocab_size = 97;
+    c.hidden_size = 48;
+    c.num_layers = 2;
+    c.num_query_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.intermediate_size = 80;
+    return c;
 }
 }  // namespace
 
@@ -86,14 +100,7 @@ TEST_CASE("rope llama3 scaling keeps high frequencies and stretches low ones") {
 
 TEST_CASE("cached generation (naive test cache) gives the tokens of recomputation") {
     thread_pool pool(2);
-    model_config c;
-    c.vocab_size = 97;
-    c.hidden_size = 48;
-    c.num_layers = 2;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 16;
-    c.intermediate_size = 80;
+    model_config c = small_config();
     c.attention_bias = true;
     c.output_bias = true;
     llama_model model(make_random_weights(c, 11), pool);
@@ -103,11 +110,7 @@ TEST_CASE("cached generation (naive test cache) gives the tokens of recomputatio
     testing::naive_cache_attention cache(c);
     auto fast = generate(model, prompt, 10, cache, generation_mode::cached, keep_logits());
     CHECK(slow.tokens == fast.tokens);
-    double worst = 0;
-    for (std::size_t s = 0; s < slow.logits.size(); ++s)
-        for (std::size_t i = 0; i < slow.logits[s].size(); ++i)
-            worst = std::max(worst, double(std::fabs(slow.logits[s][i] - fast.logits[s][i])));
-    CHECK(worst < 1e-3);
+    CHECK(testing::largest_logit_difference(slow, fast) < 1e-3);
     // The tokens are not trivially constant: greedy picks should vary on random weights.
     bool varied = false;
     for (int t : slow.tokens) varied |= t != slow.tokens[0];
@@ -119,36 +122,16 @@ TEST_CASE("cached generation (naive test cache) gives the tokens of recomputatio
 TEST_CASE("cached generation through every kvcache layout and element type gives recomputation's tokens") {
     using heads = kvcache::head_config<4, 2, 16>;
     thread_pool pool(2);
-    model_config c;
-    c.vocab_size = 97;
-    c.hidden_size = 48;
-    c.num_layers = 2;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 16;
-    c.intermediate_size = 80;
+    model_config c = small_config();
     llama_model model(make_random_weights(c, 5), pool);
     std::vector<int> prompt;
     for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % c.vocab_size);
-    for (auto layout : {kvcache::layout_kind::contiguous, kvcache::layout_kind::paged, kvcache::layout_kind::sliding_window})
-        for (auto element : {kvcache::element_kind::fp32, kvcache::element_kind::fp16}) {
-            CAPTURE(std::string(kvcache::to_string(layout)));
-            CAPTURE(std::string(kvcache::to_string(element)));
-            cache_options cache;
-            cache.layout = layout;
-            cache.element = element;
-            cache.page_size = 8;
-            cache.window = 16;  // shorter than the sequence: the window really drops keys
-            cache.sinks = 2;
-            cache.prefill_chunk = 8;
-            recompute_attention recompute(c, pool, element, cache.visibility());
-            auto slow = generate(model, prompt, 12, recompute, generation_mode::recompute, keep_logits());
-            auto fast = generate_with_kvcache<heads>(model, prompt, 12, cache, keep_logits()).trace;
-            CHECK(slow.tokens == fast.tokens);
-            double worst = 0;
-            for (std::size_t s = 0; s < slow.logits.size(); ++s)
-                for (std::size_t i = 0; i < slow.logits[s].size(); ++i)
-                    worst = std::max(worst, double(std::fabs(slow.logits[s][i] - fast.logits[s][i])));
-            CHECK(worst < 1e-3);
-        }
+    // A window of 16, shorter than the sequence: the window really drops keys.
+    testing::for_each_cache_kind(8, 16, 2, 8, [&](const cache_options& cache) {
+        recompute_attention recompute(c, pool, cache.element, cache.visibility());
+        auto slow = generate(model, prompt, 12, recompute, generation_mode::recompute, keep_logits());
+        auto fast = generate_with_kvcache<heads>(model, prompt, 12, cache, keep_logits()).trace;
+        CHECK(slow.tokens == fast.tokens);
+        CHECK(testing::largest_logit_difference(slow, fast) < 1e-3);
+    });
 }

@@ -44,9 +44,9 @@ public:
     /// invalid_argument for non-positive sizes, out_of_memory when allocation fails.
     contiguous_cache(int layers, int slots, int max_length, contiguous_growth growth = contiguous_growth::fixed)
         : growth_(growth) {
-        require(layers > 0, error_code::invalid_argument, "layers = ", layers, " must be positive");
-        require(slots > 0, error_code::invalid_argument, "slots = ", slots, " must be positive");
-        require(max_length > 0, error_code::invalid_argument, "max_length = ", max_length, " must be positive");
+        detail::require_positive(layers, "layers");
+        detail::require_positive(slots, "slots");
+        detail::require_positive(max_length, "max_length");
         store_ = store(layers, slots, max_length);
         free_slots_.reserve(slots);
         for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);

@@ -48,9 +48,9 @@ public:
     /// Any page_size >= 1 works; powers of two make the index math a shift.
     paged_cache(int layers, int pages, int page_size, bool prefix_caching = true)
         : layers_(layers), page_size_(page_size), prefix_caching_(prefix_caching) {
-        require(layers > 0, error_code::invalid_argument, "layers = ", layers, " must be positive");
-        require(pages > 0, error_code::invalid_argument, "pages = ", pages, " must be positive");
-        require(page_size > 0, error_code::invalid_argument, "page_size = ", page_size, " must be positive");
+        detail::require_positive(layers, "layers");
+        detail::require_positive(pages, "pages");
+        detail::require_positive(page_size, "page_size");
         const std::size_t elements = detail::checked_bytes(std::size_t(pages), std::size_t(page_elements()));
         for (int l = 0; l < layers; ++l) {
             keys_.emplace_back(elements);

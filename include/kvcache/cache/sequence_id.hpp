@@ -101,5 +101,10 @@ inline void require_count(int n, const char* what) {
     require(n >= 0, error_code::invalid_argument, what, " = ", n, " must not be negative");
 }
 
+/// Throws invalid_argument unless 0 < n: the owners' constructor sizes.
+inline void require_positive(int n, const char* what) {
+    require(n > 0, error_code::invalid_argument, what, " = ", n, " must be positive");
+}
+
 }  // namespace detail
 }  // namespace kvcache

@@ -41,11 +41,11 @@ public:
     /// `slots` sequences of sinks + window + max_chunk - 1 rows in each of `layers` layers.
     sliding_window_cache(int layers, int slots, int window, int sinks, int max_chunk = 1)
         : window_(window), sinks_(sinks), max_chunk_(max_chunk) {
-        require(layers > 0, error_code::invalid_argument, "layers = ", layers, " must be positive");
-        require(slots > 0, error_code::invalid_argument, "slots = ", slots, " must be positive");
-        require(window > 0, error_code::invalid_argument, "window = ", window, " must be positive");
+        detail::require_positive(layers, "layers");
+        detail::require_positive(slots, "slots");
+        detail::require_positive(window, "window");
         require(sinks >= 0, error_code::invalid_argument, "sinks = ", sinks, " must not be negative");
-        require(max_chunk > 0, error_code::invalid_argument, "max_chunk = ", max_chunk, " must be positive");
+        detail::require_positive(max_chunk, "max_chunk");
         require(window <= 0x3fffffff - max_chunk - sinks, error_code::invalid_argument, "window ", window,
                 " + max_chunk ", max_chunk, " + sinks ", sinks, " is too large");
         ring_ = window + max_chunk - 1;

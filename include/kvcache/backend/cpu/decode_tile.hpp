@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "kvcache/backend/cpu/row_math.hpp"

@@ -1,6 +1,7 @@
 // Bookkeeping of a pool of pages: free list, reference counts, and the
 // prefix index (full pages keyed by a chained hash of their token ids) with
-// least-recently-used eviction of cached pages nobody references.
+// least-recently-used eviction of cached pages nobody references, leaves of
+// a chain before the pages they extend.
 #pragma once
 
 #include <algorithm>
@@ -75,13 +76,19 @@ public:
     int cached_count() const noexcept { return static_cast<int>(index_.size()); }
     std::uint64_t evictions() const noexcept { return evictions_; }
 
-    /// A page with one reference: from the free list, else the least recently
-    /// used evictable cached page. capacity_exceeded when neither is left.
+    /// A page with one reference: from the free list, else an evictable cached
+    /// page. capacity_exceeded when neither is left.
+    ///
+    /// The victim is the least recently used evictable page that no other
+    /// cached page extends (a leaf of its chain): matching walks a chain from
+    /// its first page, so evicting the first page would leave the rest cached
+    /// but unreachable. Only when every evictable page is extended by a page
+    /// someone still references is the least recently used one taken anyway.
     int allocate() {
         if (free_.empty()) {
             require(!lru_.empty(), error_code::capacity_exceeded, "page pool of ", size(),
                     " pages has no free page and no evictable cached page");
-            const int victim = lru_.begin()->second;
+            const int victim = leaves_.empty() ? lru_.begin()->second : leaves_.begin()->second;
             uncache(victim);
             ++evictions_;
             free_.push_back(victim);
@@ -94,7 +101,7 @@ public:
 
     void retain(int page) {
         page_info& p = info_[page];
-        if (p.references == 0 && p.cached) lru_.erase({p.last_use, page});
+        if (p.references == 0 && p.cached) make_unevictable(page);
         ++p.references;
     }
 
@@ -105,7 +112,7 @@ public:
         if (--p.references > 0) return;
         if (p.cached) {
             p.last_use = ++clock_;
-            lru_.insert({p.last_use, page});
+            make_evictable(page);
         } else {
             free_.push_back(page);
         }
@@ -121,7 +128,16 @@ public:
         p.parent = parent;
         p.tokens.assign(tokens, tokens + count);
         index_.emplace(hash, page);
+        auto parent_entry = index_.find(parent);
+        p.parent_page = parent_entry == index_.end() ? -1 : parent_entry->second;
+        if (p.parent_page >= 0) {
+            page_info& q = info_[p.parent_page];
+            if (q.cached_children++ == 0 && q.references == 0) leaves_.erase({q.last_use, p.parent_page});
+        }
     }
+
+    /// Cached pages that extend this page's chain by one page.
+    int cached_children(int page) const { return info_.at(page).cached_children; }
 
     /// The cached page for (parent, tokens), or -1. The tokens and parent
     /// hash are compared too, so a hash collision is a miss, not wrong data.
@@ -141,20 +157,47 @@ private:
         bool cached = false;
         std::uint64_t hash = 0, parent = 0, last_use = 0;
         std::vector<std::int32_t> tokens;
+        int parent_page = -1;     // the cached page this one extends, -1 for a first page or an orphan
+        int cached_children = 0;  // cached pages whose parent_page is this one
     };
+
+    void make_evictable(int page) {
+        const page_info& p = info_[page];
+        lru_.insert({p.last_use, page});
+        if (p.cached_children == 0) leaves_.insert({p.last_use, page});
+    }
+
+    void make_unevictable(int page) {
+        const page_info& p = info_[page];
+        lru_.erase({p.last_use, page});
+        leaves_.erase({p.last_use, page});
+    }
 
     void uncache(int page) {
         page_info& p = info_[page];
-        lru_.erase({p.last_use, page});
+        make_unevictable(page);
         index_.erase(p.hash);
         p.cached = false;
         p.tokens.clear();
+        if (p.parent_page >= 0) {
+            page_info& q = info_[p.parent_page];
+            if (--q.cached_children == 0 && q.references == 0 && q.cached) leaves_.insert({q.last_use, p.parent_page});
+            p.parent_page = -1;
+        }
+        // Taken before its children (only when they are all referenced): they
+        // become orphans, still matchable if an equal parent is cached again.
+        if (p.cached_children > 0) {
+            for (page_info& child : info_)
+                if (child.cached && child.parent_page == page) child.parent_page = -1;
+            p.cached_children = 0;
+        }
     }
 
     std::vector<page_info> info_;
     std::vector<int> free_;  // a stack
     std::unordered_map<std::uint64_t, int> index_;
-    std::set<std::pair<std::uint64_t, int>> lru_;  // (last use, page) of unreferenced cached pages
+    std::set<std::pair<std::uint64_t, int>> lru_;     // (last use, page) of unreferenced cached pages
+    std::set<std::pair<std::uint64_t, int>> leaves_;  // those of lru_ that no cached page extends
     std::uint64_t clock_ = 0, evictions_ = 0;
 };
 

@@ -32,8 +32,8 @@ void prefill_chunks(const options& opts, report& out, int prefix, const std::vec
             cache.truncate(id, prefix);
             cache.begin_append(id, chunk);
             const auto view = cache.view(0, filled.batch);
-            cpu::append(view, keys.data(), values.data(), offsets);
-            cpu::prefill_attention(view, queries.data(), offsets, outputs.data());
+            cpu::append(view, keys, values, offsets);
+            cpu::prefill_attention(view, queries, offsets, outputs);
         };
         const timing t = measure_for(step, opts.warmup(), opts.repeats(), opts.min_seconds());
         // Causal: chunk token i sees prefix + i + 1 keys; QK^T and PV cost

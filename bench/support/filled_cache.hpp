@@ -71,7 +71,9 @@ void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int
         while (i < present.size()) {  // one write per run of consecutive positions
             std::size_t j = i + 1;
             while (j < present.size() && present[j] == present[j - 1] + 1) ++j;
-            cache.write(id, 0, present[i], keys.data() + i * row, values.data() + i * row, int(j - i));
+            const std::size_t count = (j - i) * row;
+            cache.write(id, 0, present[i], kvcache::span<const element>(keys.data() + i * row, count),
+                        kvcache::span<const element>(values.data() + i * row, count), int(j - i));
             i = j;
         }
     }

@@ -34,18 +34,18 @@ int quickstart(int tokens, int page_size, unsigned seed) {
     // Prefill: reserve the prompt's positions, then write its rows through a view of layer 0.
     cache.begin_append(sequence, tokens);
     const int prompt_offsets[2] = {0, tokens};  // CSR: sequence 0 appends tokens [0, tokens)
-    kvcache::cpu::append(cache.view(0, {sequence}), keys.data(), values.data(), prompt_offsets);
+    kvcache::cpu::append(cache.view(0, {sequence}), keys, values, prompt_offsets);
 
     // Decode: append the new token's K/V, then its query attends to all tokens + 1 positions.
     cache.begin_append(sequence, 1);
     const auto view = cache.view(0, {sequence});
     const int one_token[2] = {0, 1};
-    kvcache::cpu::append(view, new_key.data(), new_value.data(), one_token);
+    kvcache::cpu::append(view, new_key, new_value, one_token);
     std::vector<float> output(q_row);
-    kvcache::cpu::decode_attention(view, query.data(), output.data());
+    kvcache::cpu::decode_attention(view, query, output);
 
     // The same attention in double precision, straight from the layout interface.
-    const auto exact = kvcache::reference::decode_attention_exact(view, query.data());
+    const auto exact = kvcache::reference::decode_attention_exact(view, query);
     double max_difference = 0;
     for (std::size_t i = 0; i < output.size(); ++i)
         max_difference = std::max(max_difference, std::fabs(output[i] - exact.outputs[i]));

@@ -105,10 +105,10 @@ outputs run_requests(Cache& cache, const std::vector<kvcache::sequence_id>& requ
     }
     for (int l = 0; l < s.layers; ++l) {
         const auto view = cache.view(l, requests);
-        kvcache::cpu::append(view, w.question_keys[l].data(), w.question_values[l].data(), w.question_offsets.data());
+        kvcache::cpu::append(view, w.question_keys[l], w.question_values[l], w.question_offsets);
         out.values.emplace_back(w.question_queries[l].size());
-        kvcache::cpu::prefill_attention(view, w.question_queries[l].data(), w.question_offsets.data(),
-                                        out.values.back().data());
+        kvcache::cpu::prefill_attention(view, w.question_queries[l], w.question_offsets,
+                                        out.values.back());
     }
     std::vector<int> one_each(requests.size() + 1);
     for (std::size_t i = 0; i < one_each.size(); ++i) one_each[i] = static_cast<int>(i);
@@ -117,9 +117,9 @@ outputs run_requests(Cache& cache, const std::vector<kvcache::sequence_id>& requ
         for (int l = 0; l < s.layers; ++l) {
             const std::size_t i = std::size_t(step) * s.layers + l;
             const auto view = cache.view(l, requests);
-            kvcache::cpu::append(view, w.step_keys[i].data(), w.step_values[i].data(), one_each.data());
+            kvcache::cpu::append(view, w.step_keys[i], w.step_values[i], one_each);
             out.values.emplace_back(w.step_queries[i].size());
-            kvcache::cpu::decode_attention(view, w.step_queries[i].data(), out.values.back().data());
+            kvcache::cpu::decode_attention(view, w.step_queries[i], out.values.back());
         }
     }
     return out;
@@ -131,7 +131,7 @@ void write_system_prompt(Cache& cache, kvcache::sequence_id id, const workload& 
     cache.begin_append(id, s.system);
     const int offsets[2] = {0, s.system};
     for (int l = 0; l < s.layers; ++l)
-        kvcache::cpu::append(cache.view(l, {id}), w.system_keys[l].data(), w.system_values[l].data(), offsets);
+        kvcache::cpu::append(cache.view(l, {id}), w.system_keys[l], w.system_values[l], offsets);
 }
 
 std::string describe_pages(const std::vector<int>& pages) {

@@ -53,17 +53,17 @@ public:
                                            stream_));
     }
     template <class View, class Element>
-    void append(const View& view, const Element* keys, const Element* values, const int* offsets) {
+    void append(const View& view, span<const Element> keys, span<const Element> values, span<const int> offsets) {
         kvcache::cuda::append(view, keys, values, offsets, stream_);
         KVCACHE_CUDA_CHECK(cudaGetLastError());
     }
     template <class View, class Element>
-    void decode(const View& view, const Element* queries, Element* outputs) {
+    void decode(const View& view, span<const Element> queries, span<Element> outputs) {
         kvcache::cuda::decode_attention(view, queries, outputs, attention_options{}, stream_);
         KVCACHE_CUDA_CHECK(cudaGetLastError());
     }
     template <class View, class Element>
-    void prefill(const View& view, const Element* queries, const int* offsets, Element* outputs) {
+    void prefill(const View& view, span<const Element> queries, span<const int> offsets, span<Element> outputs) {
         kvcache::cuda::prefill_attention(view, queries, offsets, outputs, attention_options{}, stream_);
         KVCACHE_CUDA_CHECK(cudaGetLastError());
     }

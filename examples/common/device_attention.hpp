@@ -20,7 +20,7 @@ namespace kvcache::examples {
 
 /// attention_backend over one sequence of a kvcache owner whose memory the Device reaches.
 /// Device provides buffer<T> (zeroed, sized), upload/download(destination, source, count),
-/// append/decode/prefill (the backend's entry points) and finish() (waits until downloads landed).
+/// append/decode/prefill (the backend's entry points, over spans) and finish() (waits until downloads landed).
 /// @tparam Cache a kvcache owner (static_cache, paged_cache, sliding_window_cache) in Device's memory
 /// @tparam Device the device policy (cuda_stream_device, emulated_device)
 template <class Cache, class Device>
@@ -68,11 +68,14 @@ public:
         device_.upload(offsets_.data(), offsets, 2);
 
         auto view = cache_.view(layer, batch_);
-        device_.append(view, keys, values, offsets_.data());
+        const span<const element> query_rows(queries, q_count);
+        const span<element> output_rows(outputs_.data(), q_count);
+        const span<const int> offsets_rows(offsets_.data(), 2);
+        device_.append(view, span<const element>(keys, kv_count), span<const element>(values, kv_count), offsets_rows);
         if (tokens == 1)
-            device_.decode(view, queries, outputs_.data());
+            device_.decode(view, query_rows, output_rows);
         else
-            device_.prefill(view, queries, offsets_.data(), outputs_.data());
+            device_.prefill(view, query_rows, offsets_rows, output_rows);
 
         results_.resize(q_count);
         device_.download(results_.data(), outputs_.data(), q_count);
@@ -110,15 +113,15 @@ struct emulated_device {
         std::memcpy(destination, source, count * sizeof(T));
     }
     template <class View, class Element>
-    void append(const View& view, const Element* keys, const Element* values, const int* offsets) {
+    void append(const View& view, span<const Element> keys, span<const Element> values, span<const int> offsets) {
         kvcache::emulated::append(view, keys, values, offsets);
     }
     template <class View, class Element>
-    void decode(const View& view, const Element* queries, Element* outputs) {
+    void decode(const View& view, span<const Element> queries, span<Element> outputs) {
         kvcache::emulated::decode_attention(view, queries, outputs);
     }
     template <class View, class Element>
-    void prefill(const View& view, const Element* queries, const int* offsets, Element* outputs) {
+    void prefill(const View& view, span<const Element> queries, span<const int> offsets, span<Element> outputs) {
         kvcache::emulated::prefill_attention(view, queries, offsets, outputs);
     }
     void finish() {}

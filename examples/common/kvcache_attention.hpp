@@ -3,6 +3,7 @@
 // reads them back with cpu::prefill_attention / cpu::decode_attention.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <vector>
 
@@ -21,12 +22,15 @@ namespace kvcache::examples {
 /// @tparam View a layout view in host memory
 template <class View>
 void append_and_attend(const View& view, const float* q, const float* k, const float* v, int tokens, float* out) {
+    using heads = typename View::heads;
+    const std::size_t q_count = std::size_t(tokens) * heads::query_heads * heads::head_dim;
+    const std::size_t kv_count = std::size_t(tokens) * heads::kv_heads * heads::head_dim;
     const int offsets[2] = {0, tokens};
-    kvcache::cpu::append(view, k, v, offsets);
+    kvcache::cpu::append(view, span<const float>(k, kv_count), span<const float>(v, kv_count), offsets);
     if (tokens == 1)
-        kvcache::cpu::decode_attention(view, q, out);
+        kvcache::cpu::decode_attention(view, span<const float>(q, q_count), span<float>(out, q_count));
     else
-        kvcache::cpu::prefill_attention(view, q, offsets, out);
+        kvcache::cpu::prefill_attention(view, span<const float>(q, q_count), offsets, span<float>(out, q_count));
 }
 
 /// attention_backend over one sequence of a kvcache owner.

@@ -25,9 +25,9 @@ int main() {
     double largest_difference = 0;
     for (int layer = 0; layer < 2; ++layer) {
         const auto view = cache.view(layer, {sequence});
-        kvcache::cpu::append(view, keys.data(), values.data(), offsets);
-        kvcache::cpu::prefill_attention(view, queries.data(), offsets, outputs.data());
-        const auto exact = kvcache::reference::prefill_attention_exact(view, queries.data(), offsets);
+        kvcache::cpu::append(view, keys, values, offsets);
+        kvcache::cpu::prefill_attention(view, queries, offsets, outputs);
+        const auto exact = kvcache::reference::prefill_attention_exact(view, queries, offsets);
         for (std::size_t i = 0; i < outputs.size(); ++i)
             largest_difference = std::fmax(largest_difference, std::fabs(outputs[i] - exact.outputs[i]));
     }

@@ -13,17 +13,17 @@ namespace {
 
 struct cpu_backend {
     static constexpr const char* name = "cpu";
-    template <class View, class Query>
-    static void decode(const View& view, const Query* q, Query* o, float* lse, const attention_options& options) {
+    template <class View, class Queries, class Outputs, class Lse>
+    static void decode(const View& view, const Queries& q, Outputs& o, Lse& lse, const attention_options& options) {
         cpu::decode_attention_with_lse(view, q, o, lse, options);
     }
-    template <class View, class Query>
-    static void prefill(const View& view, const Query* q, const int* offsets, Query* o, float* lse,
+    template <class View, class Queries, class Offsets, class Outputs, class Lse>
+    static void prefill(const View& view, const Queries& q, const Offsets& offsets, Outputs& o, Lse& lse,
                         const attention_options& options) {
         cpu::prefill_attention_with_lse(view, q, offsets, o, lse, options);
     }
-    template <class View, class Input>
-    static void append(const View& view, const Input* k, const Input* v, const int* offsets) {
+    template <class View, class Rows, class Offsets>
+    static void append(const View& view, const Rows& k, const Rows& v, const Offsets& offsets) {
         cpu::append(view, k, v, offsets);
     }
 };
@@ -72,7 +72,7 @@ TEST_CASE("cpu backend gives the same answer on one thread and on several, split
     auto cache = scatter_factory::make<half, heads>(c, 3);
     fill_cache(cache->view(), 4);
     const auto queries = random_rows<float>(heads::query_heads * heads::head_dim, 3.0f, 5);
-    const auto expected = reference::decode_attention_exact(cache->view(), queries.data());
+    const auto expected = reference::decode_attention_exact(cache->view(), queries);
     for (int threads : {1, 3}) {
         cpu::set_thread_count(threads);
         CHECK(cpu::thread_count() == threads);
@@ -80,7 +80,7 @@ TEST_CASE("cpu backend gives the same answer on one thread and on several, split
             attention_options options;
             options.kv_splits = splits;
             std::vector<float> outputs(queries.size()), lse(heads::query_heads);
-            cpu::decode_attention_with_lse(cache->view(), queries.data(), outputs.data(), lse.data(), options);
+            cpu::decode_attention_with_lse(cache->view(), queries, outputs, lse, options);
             compare(outputs, lse, expected, "threads " + std::to_string(threads) + " splits " + std::to_string(splits));
         }
     }
@@ -94,8 +94,8 @@ TEST_CASE("cpu merge_states matches the reference merge, empty states included")
     // row 0: all present; row 1: one empty; row 2: all empty; row 3: widely different lse.
     const std::vector<float> lse = {1.0f, -inf, -inf, 30.0f, 2.0f, 0.5f, -inf, -20.0f, 0.0f, 3.0f, -inf, 0.0f};
     std::vector<float> actual(rows * dim), actual_lse(rows), expected(rows * dim), expected_lse(rows);
-    cpu::merge_states(states, rows, dim, outputs.data(), lse.data(), actual.data(), actual_lse.data());
-    reference::merge_states(states, rows, dim, outputs.data(), lse.data(), expected.data(), expected_lse.data());
+    cpu::merge_states(states, rows, dim, outputs, lse, actual, actual_lse);
+    reference::merge_states(states, rows, dim, outputs, lse, expected, expected_lse);
     for (int i = 0; i < rows * dim; ++i) {
         CHECK_FALSE(std::isnan(actual[i]));
         CHECK(actual[i] == doctest::Approx(expected[i]).epsilon(1e-5));
@@ -126,14 +126,14 @@ TEST_CASE("cpu backend: a zero-length sequence gives zeros and lse -inf next to 
     const auto queries = random_rows<half>(7 * heads::query_heads * heads::head_dim, 3.0f, 3);
     std::vector<half> outputs(2 * heads::query_heads * heads::head_dim, half(5.0f));
     std::vector<float> lse(2 * heads::query_heads, 5.0f);
-    cpu::decode_attention_with_lse(cache->view(), queries.data(), outputs.data(), lse.data());
-    compare(outputs, lse, reference::decode_attention_exact(cache->view(), queries.data()), "decode with an empty sequence");
+    cpu::decode_attention_with_lse(cache->view(), queries, outputs, lse);
+    compare(outputs, lse, reference::decode_attention_exact(cache->view(), queries), "decode with an empty sequence");
     CHECK(std::isinf(lse[0]));
     CHECK(to_float(outputs[0]) == 0.0f);
     const int offsets[3] = {0, 0, 7};
     std::vector<half> prefill(7 * heads::query_heads * heads::head_dim);
     std::vector<float> prefill_lse(7 * heads::query_heads);
-    cpu::prefill_attention_with_lse(cache->view(), queries.data(), offsets, prefill.data(), prefill_lse.data());
-    compare(prefill, prefill_lse, reference::prefill_attention_exact(cache->view(), queries.data(), offsets),
+    cpu::prefill_attention_with_lse(cache->view(), queries, offsets, prefill, prefill_lse);
+    compare(prefill, prefill_lse, reference::prefill_attention_exact(cache->view(), queries, offsets),
             "prefill next to an empty sequence");
 }

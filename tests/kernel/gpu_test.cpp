@@ -76,41 +76,43 @@ void synchronise() {
 struct cuda_backend {
     static constexpr const char* name = "cuda";
     template <class View>
-    static void decode(const View& view, const typename View::element_type* q, typename View::element_type* o, float* lse,
+    static void decode(const View& view, const std::vector<typename View::element_type>& q,
+                       std::vector<typename View::element_type>& o, std::vector<float>& lse,
                        const attention_options& options) {
         using heads = typename View::heads;
         const std::size_t rows = std::size_t(view.sequence_count()) * heads::query_heads;
-        auto queries = managed_copy(q, rows * heads::head_dim);
+        auto queries = managed_copy(q.data(), rows * heads::head_dim);
         managed_buffer<typename View::element_type> outputs(rows * heads::head_dim);
         managed_buffer<float> lses(rows);
-        cuda::decode_attention_with_lse(view, queries.data(), outputs.data(), lses.data(), options);
+        cuda::decode_attention_with_lse(view, queries, outputs, lses, options);
         synchronise();
-        std::memcpy(static_cast<void*>(o), outputs.data(), rows * heads::head_dim * sizeof(*o));
-        std::memcpy(lse, lses.data(), rows * sizeof(float));
+        std::memcpy(static_cast<void*>(o.data()), outputs.data(), rows * heads::head_dim * sizeof(o[0]));
+        std::memcpy(lse.data(), lses.data(), rows * sizeof(float));
     }
     template <class View>
-    static void prefill(const View& view, const typename View::element_type* q, const int* offsets,
-                        typename View::element_type* o, float* lse, const attention_options& options) {
+    static void prefill(const View& view, const std::vector<typename View::element_type>& q,
+                        const std::vector<int>& offsets, std::vector<typename View::element_type>& o,
+                        std::vector<float>& lse, const attention_options& options) {
         using heads = typename View::heads;
         const std::size_t rows = std::size_t(offsets[view.sequence_count()]) * heads::query_heads;
-        auto queries = managed_copy(q, rows * heads::head_dim);
-        auto query_offsets = managed_copy(offsets, std::size_t(view.sequence_count()) + 1);
+        auto queries = managed_copy(q.data(), rows * heads::head_dim);
+        auto query_offsets = managed_copy(offsets.data(), std::size_t(view.sequence_count()) + 1);
         managed_buffer<typename View::element_type> outputs(rows * heads::head_dim);
         managed_buffer<float> lses(rows);
-        cuda::prefill_attention_with_lse(view, queries.data(), query_offsets.data(), outputs.data(), lses.data(), options);
+        cuda::prefill_attention_with_lse(view, queries, query_offsets, outputs, lses, options);
         synchronise();
-        std::memcpy(static_cast<void*>(o), outputs.data(), rows * heads::head_dim * sizeof(*o));
-        std::memcpy(lse, lses.data(), rows * sizeof(float));
+        std::memcpy(static_cast<void*>(o.data()), outputs.data(), rows * heads::head_dim * sizeof(o[0]));
+        std::memcpy(lse.data(), lses.data(), rows * sizeof(float));
     }
     template <class View>
-    static void append(const View& view, const typename View::element_type* k, const typename View::element_type* v,
-                       const int* offsets) {
+    static void append(const View& view, const std::vector<typename View::element_type>& k,
+                       const std::vector<typename View::element_type>& v, const std::vector<int>& offsets) {
         using heads = typename View::heads;
         const std::size_t count = std::size_t(offsets[view.sequence_count()]) * heads::kv_heads * heads::head_dim;
-        auto keys = managed_copy(k, count);
-        auto values = managed_copy(v, count);
-        auto new_offsets = managed_copy(offsets, std::size_t(view.sequence_count()) + 1);
-        cuda::append(view, keys.data(), values.data(), new_offsets.data());
+        auto keys = managed_copy(k.data(), count);
+        auto values = managed_copy(v.data(), count);
+        auto new_offsets = managed_copy(offsets.data(), std::size_t(view.sequence_count()) + 1);
+        cuda::append(view, keys, values, new_offsets);
         synchronise();
     }
 };
@@ -178,10 +180,10 @@ TEST_CASE("cuda merge_states: empty states weigh nothing") {
     auto outputs = managed_copy(host_outputs.data(), host_outputs.size());
     auto lse = managed_copy(host_lse.data(), host_lse.size());
     managed_buffer<float> merged(rows * dim), merged_lse(rows);
-    cuda::merge_states(states, rows, dim, outputs.data(), lse.data(), merged.data(), merged_lse.data());
+    cuda::merge_states(states, rows, dim, outputs, lse, merged, merged_lse);
     synchronise();
     std::vector<float> expected(rows * dim), expected_lse(rows);
-    reference::merge_states(states, rows, dim, host_outputs.data(), host_lse.data(), expected.data(), expected_lse.data());
+    reference::merge_states(states, rows, dim, host_outputs, host_lse, expected, expected_lse);
     for (int i = 0; i < rows * dim; ++i) CHECK(merged[i] == doctest::Approx(expected[i]).epsilon(1e-5));
     CHECK(merged_lse[2] == -inf);
 }

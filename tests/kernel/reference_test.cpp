@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kvcache/backend/reference.hpp"
@@ -65,7 +66,7 @@ TEST_CASE("reference prefill is causal within the chunk") {
     for (int p = 0; p < 3; ++p) set_row(cache, 0, p, 1.0f, float(10 * (p + 1)), 0);
     std::vector<float> queries(2 * 8, 0.0f);  // the last two positions, 1 and 2; all logits equal
     const int offsets[2] = {0, 2};
-    const auto result = reference::prefill_attention_exact(cache.view(), queries.data(), offsets);
+    const auto result = reference::prefill_attention_exact(cache.view(), queries, offsets);
     CHECK(result.outputs[0] == doctest::Approx(15.0));  // position 1 sees 10, 20
     CHECK(result.outputs[8] == doctest::Approx(20.0));  // position 2 sees 10, 20, 30
     CHECK(result.lse[0] == doctest::Approx(std::log(2.0)));
@@ -73,22 +74,33 @@ TEST_CASE("reference prefill is causal within the chunk") {
 
 TEST_CASE("reference merge: empty states weigh nothing and never give NaN") {
     const float inf = std::numeric_limits<float>::infinity();
+    constexpr int dim = 8;  // merges take head dims that are multiples of 8; dims 2..7 are zero here
+    // Rows of dim values whose first two are (a, b).
+    auto rows = [](std::vector<std::pair<float, float>> pairs) {
+        std::vector<float> out;
+        for (auto [a, b] : pairs) {
+            out.push_back(a);
+            out.push_back(b);
+            out.insert(out.end(), dim - 2, 0.0f);
+        }
+        return out;
+    };
     // states x rows = 2 x 2; row 0: state 0 empty; row 1: both empty.
-    const std::vector<float> outputs = {9, 9, 1, 1, 2, 4, 9, 9};
+    const std::vector<float> outputs = rows({{9, 9}, {1, 1}, {2, 4}, {9, 9}});
     const std::vector<float> lse = {-inf, -inf, std::log(3.0f), -inf};
-    std::vector<float> merged(4, -1.0f), merged_lse(2, 0.0f);
-    reference::merge_states(2, 2, 2, outputs.data(), lse.data(), merged.data(), merged_lse.data());
+    std::vector<float> merged(2 * dim, -1.0f), merged_lse(2, 0.0f);
+    reference::merge_states(2, 2, dim, outputs, lse, merged, merged_lse);
     CHECK(merged[0] == doctest::Approx(2.0));
     CHECK(merged[1] == doctest::Approx(4.0));
     CHECK(merged_lse[0] == doctest::Approx(std::log(3.0)));
-    CHECK(merged[2] == 0.0f);
-    CHECK(merged[3] == 0.0f);
+    CHECK(merged[dim] == 0.0f);
+    CHECK(merged[dim + 1] == 0.0f);
     CHECK(merged_lse[1] == -inf);
 
     // Two equal-weight states average.
-    const std::vector<float> both = {1, 2, 3, 6};
+    const std::vector<float> both = rows({{1, 2}, {3, 6}});
     const std::vector<float> both_lse = {0.5f, 0.5f};
-    reference::merge_states(2, 1, 2, both.data(), both_lse.data(), merged.data(), merged_lse.data());
+    reference::merge_states(2, 1, dim, both, both_lse, merged, merged_lse);
     CHECK(merged[0] == doctest::Approx(2.0));
     CHECK(merged[1] == doctest::Approx(4.0));
     CHECK(merged_lse[0] == doctest::Approx(0.5 + std::log(2.0)));
@@ -100,7 +112,7 @@ TEST_CASE("reference append skips positions the window dropped") {
     std::vector<float> keys(4 * 8), values(4 * 8);
     for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = float(i), values[i] = -float(i);
     const int offsets[2] = {0, 4};
-    reference::append(cache.view(), keys.data(), values.data(), offsets);
+    reference::append(cache.view(), keys, values, offsets);
     CHECK(cache.view().key(0, 0, 2)[0] == 16.0f);
     CHECK(cache.view().value(0, 0, 3)[7] == -31.0f);
     CHECK_FALSE(reference::is_present(cache.view(), 0, 1));

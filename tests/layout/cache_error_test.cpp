@@ -46,13 +46,13 @@ TEST_CASE_TEMPLATE("contiguous: capacity, slots, ids, truncate, fork", Element, 
     const auto k = test_support::rows<Element, heads>(4, 9);
     using E = kvcache::error_code;
     check_fails(__LINE__, cache, E::capacity_exceeded, {"append of 4", "length 7", "capacity 10"},
-                [&] { cache.append(a, 0, k.data(), k.data(), 4); });
+                [&] { cache.append(a, 0, k, k, 4); });
     check_fails(__LINE__, cache, E::capacity_exceeded, {"capacity 10"}, [&] { cache.begin_append(a, 4); });
     check_fails(__LINE__, cache, E::capacity_exceeded, {"2 slots"}, [&] { cache.add_sequence(); });
     check_fails(__LINE__, cache, E::capacity_exceeded, {"2 slots"}, [&] { cache.fork(a); });
     check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.fork(99); });
     check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.remove_sequence(99); });
-    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.append(99, 0, k.data(), k.data(), 1); });
+    check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.append(99, 0, k, k, 1); });
     check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.view(0, {a, 99}); });
     check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.keep_only({a, 99}); });
     check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] {
@@ -61,10 +61,10 @@ TEST_CASE_TEMPLATE("contiguous: capacity, slots, ids, truncate, fork", Element, 
     });
     check_fails(__LINE__, cache, E::out_of_range, {"to 8", "[0, 7]"}, [&] { cache.truncate(a, 8); });
     check_fails(__LINE__, cache, E::out_of_range, {"to -1"}, [&] { cache.truncate(a, -1); });
-    check_fails(__LINE__, cache, E::out_of_range, {"layer 2", "[0, 2)"}, [&] { cache.append(a, 2, k.data(), k.data(), 1); });
+    check_fails(__LINE__, cache, E::out_of_range, {"layer 2", "[0, 2)"}, [&] { cache.append(a, 2, k, k, 1); });
     check_fails(__LINE__, cache, E::out_of_range, {"4 tokens to layer 1", "3 positions"},
-                [&] { cache.append(b, 1, k.data(), k.data(), 4); });
-    check_fails(__LINE__, cache, E::out_of_range, {"[6, 8)", "length 7"}, [&] { cache.write(a, 0, 6, k.data(), k.data(), 2); });
+                [&] { cache.append(b, 1, k, k, 4); });
+    check_fails(__LINE__, cache, E::out_of_range, {"[6, 8)", "length 7"}, [&] { cache.write(a, 0, 6, k, k, 2); });
     check_fails(__LINE__, cache, E::invalid_argument, {"-1"}, [&] { cache.begin_append(a, -1); });
     // The failures changed nothing, and valid work still goes through.
     cache.truncate(a, 2);
@@ -98,8 +98,8 @@ TEST_CASE_TEMPLATE("paged: a dry pool refuses before evicting anything", Element
     for (int i = 0; i < 8; ++i) tokens[i] = 40 + i;
     const auto cached = cache.add_sequence();
     const auto k8 = test_support::rows<Element, heads>(8, 3);
-    cache.append(cached, k8.data(), k8.data(), tokens);
-    for (int l = 1; l < 2; ++l) cache.append(cached, l, k8.data(), k8.data(), 8);
+    cache.append(cached, k8, k8, tokens);
+    for (int l = 1; l < 2; ++l) cache.append(cached, l, k8, k8, 8);
     cache.remove_sequence(cached);  // two full pages stay cached, evictable
     CHECK(cache.statistics().pages_evictable == 2);
     const auto a = cache.add_sequence();
@@ -116,7 +116,7 @@ TEST_CASE_TEMPLATE("paged: a dry pool refuses before evicting anything", Element
     append_all_layers(cache, b, 4, 6);  // one new page: evicts the last cached page
     CHECK(cache.statistics().evictions == 2);
     const auto k = test_support::rows<Element, heads>(1, 7);
-    check_fails(__LINE__, cache, E::capacity_exceeded, {"needs 1 pages"}, [&] { cache.write(a, 0, 0, k.data(), k.data(), 1); });
+    check_fails(__LINE__, cache, E::capacity_exceeded, {"needs 1 pages"}, [&] { cache.write(a, 0, 0, k, k, 1); });
     check_fails(__LINE__, cache, E::capacity_exceeded, {"needs 1 pages"}, [&] { cache.begin_append(a, 4); });
     check_fails(__LINE__, cache, E::not_found, {"sequence id 99"}, [&] { cache.match_prefix(99, tokens); });
     check_fails(__LINE__, cache, E::invalid_argument, {"length 13"}, [&] { cache.match_prefix(a, tokens); });
@@ -138,10 +138,10 @@ TEST_CASE_TEMPLATE("sliding window: chunk limit, evicted positions, truncate aft
     for (int i = 0; i < 5; ++i) append_all_layers(cache, a, 2, i);  // length 10: positions 2..4 evicted
     CHECK(cache.present_positions(a) == std::vector<int>{0, 1, 5, 6, 7, 8, 9});
     const auto k = test_support::rows<Element, heads>(2, 1);
-    check_fails(__LINE__, cache, E::out_of_range, {"[3, 4)", "[5, 10)"}, [&] { cache.write(a, 0, 3, k.data(), k.data(), 1); });
-    check_fails(__LINE__, cache, E::out_of_range, {"[1, 3)"}, [&] { cache.write(a, 0, 1, k.data(), k.data(), 2); });
+    check_fails(__LINE__, cache, E::out_of_range, {"[3, 4)", "[5, 10)"}, [&] { cache.write(a, 0, 3, k, k, 1); });
+    check_fails(__LINE__, cache, E::out_of_range, {"[1, 3)"}, [&] { cache.write(a, 0, 1, k, k, 2); });
     std::vector<Element> out(k.size());
-    check_fails(__LINE__, cache, E::out_of_range, {"[4, 6)"}, [&] { cache.read(a, 0, 4, 2, out.data(), out.data()); });
+    check_fails(__LINE__, cache, E::out_of_range, {"[4, 6)"}, [&] { cache.read(a, 0, 4, 2, out, out); });
     check_fails(__LINE__, cache, E::out_of_range, {"to 9", "evicted"}, [&] { cache.truncate(a, 9); });
     check_fails(__LINE__, cache, E::capacity_exceeded, {"1 slots"}, [&] { cache.add_sequence(); });
     check_fails(__LINE__, cache, E::capacity_exceeded, {"1 slots"}, [&] { cache.fork(a); });

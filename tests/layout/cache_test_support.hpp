@@ -27,7 +27,7 @@ void append_all_layers(Cache& cache, kvcache::sequence_id id, int n, int salt) {
     using heads = typename Cache::heads;
     for (int l = 0; l < cache.layers(); ++l) {
         auto k = rows<element, heads>(n, salt + 100 * l), v = rows<element, heads>(n, salt + 100 * l + 50);
-        cache.append(id, l, k.data(), v.data(), n);
+        cache.append(id, l, k, v, n);
     }
 }
 

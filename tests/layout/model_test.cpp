@@ -190,12 +190,12 @@ private:
         const int referenced = pages_referenced();
         try {
             if constexpr (kind == kvcache::layout_kind::paged) {
-                if (with_tokens) cache_.append(id, k[0].data(), v[0].data(), new_tokens);
-                else cache_.append(id, 0, k[0].data(), v[0].data(), n);
+                if (with_tokens) cache_.append(id, k[0], v[0], new_tokens);
+                else cache_.append(id, 0, k[0], v[0], n);
             } else {
-                cache_.append(id, 0, k[0].data(), v[0].data(), n);
+                cache_.append(id, 0, k[0], v[0], n);
             }
-            for (int l = 1; l < layers; ++l) cache_.append(id, l, k[l].data(), v[l].data(), n);
+            for (int l = 1; l < layers; ++l) cache_.append(id, l, k[l], v[l], n);
         } catch (const kvcache::error& e) {
             bool expected = should_fail;
             if constexpr (kind == kvcache::layout_kind::paged) {
@@ -276,7 +276,7 @@ private:
             if (!present(length, first))
                 expect_failure(kvcache::error_code::out_of_range, [&] {
                     std::vector<element> k(row), v(row);
-                    cache_.write(id, 0, first, k.data(), v.data(), 1);
+                    cache_.write(id, 0, first, k, v, 1);
                 });
             return;
         }
@@ -285,7 +285,7 @@ private:
         for (auto& x : k) x = exact<element>(random_());
         for (auto& x : v) x = exact<element>(random_());
         try {
-            cache_.write(id, layer, first, k.data(), v.data(), n);
+            cache_.write(id, layer, first, k, v, n);
         } catch (const kvcache::error& e) {
             INFO(std::string(e.what()));
             // Only a paged copy-on-write may run out of pages.

@@ -27,7 +27,7 @@ void append_tokens(Cache& cache, kvcache::sequence_id id, const std::vector<std:
     const int n = static_cast<int>(tokens.size());
     const auto k = test_support::rows<typename Cache::element_type, heads>(n, salt);
     const auto v = test_support::rows<typename Cache::element_type, heads>(n, salt + 1);
-    cache.append(id, k.data(), v.data(), tokens);
+    cache.append(id, k, v, tokens);
 }
 
 }  // namespace
@@ -61,8 +61,8 @@ TEST_CASE_TEMPLATE("two sequences with a common prefix of k full pages hold them
     CHECK(cache.statistics().hit_rate() == doctest::Approx(1.0));
     // b sees a's rows for the shared prefix.
     std::vector<Element> ka(k * page * 8), va(ka.size()), kb(ka.size()), vb(ka.size());
-    cache.read(a, 0, 0, k * page, ka.data(), va.data());
-    cache.read(b, 0, 0, k * page, kb.data(), vb.data());
+    cache.read(a, 0, 0, k * page, ka, va);
+    cache.read(b, 0, 0, k * page, kb, vb);
     CHECK(std::equal(ka.begin(), ka.end(), kb.begin(), [](Element x, Element y) { return float(x) == float(y); }));
 
     // A third request that differs inside page 2 shares pages 0 and 1 only.
@@ -85,7 +85,7 @@ TEST_CASE_TEMPLATE("a write after a fork copies exactly one page", Element, floa
     const auto before = cache.statistics();
     CHECK(before.pages_used == 4);
     std::vector<Element> parent_keys(14 * 8), parent_values(parent_keys.size());
-    cache.read(parent, 0, 0, 14, parent_keys.data(), parent_values.data());
+    cache.read(parent, 0, 0, 14, parent_keys, parent_values);
 
     append_tokens(cache, child, prompt(1, 500), 9);  // into the shared half-full page
     const auto after = cache.statistics();
@@ -96,9 +96,9 @@ TEST_CASE_TEMPLATE("a write after a fork copies exactly one page", Element, floa
     CHECK(cache.page_references(cache.pages(parent)[3]) == 1);
     // The parent's rows are untouched; the child kept the copied ones.
     std::vector<Element> keys(14 * 8), values(keys.size());
-    cache.read(parent, 0, 0, 14, keys.data(), values.data());
+    cache.read(parent, 0, 0, 14, keys, values);
     CHECK(std::equal(keys.begin(), keys.end(), parent_keys.begin(), [](Element x, Element y) { return float(x) == float(y); }));
-    cache.read(child, 0, 0, 14, keys.data(), values.data());
+    cache.read(child, 0, 0, 14, keys, values);
     CHECK(std::equal(keys.begin(), keys.end(), parent_keys.begin(), [](Element x, Element y) { return float(x) == float(y); }));
     // A second write into the now private page copies nothing.
     append_tokens(cache, child, prompt(1, 600), 11);
@@ -124,4 +124,45 @@ TEST_CASE("unreferenced cached pages are evicted least recently used first") {
     CHECK(cache.match_prefix(probe_old, old_prompt) == 0);
     const auto probe_new = cache.add_sequence();
     CHECK(cache.match_prefix(probe_new, new_prompt) == page);
+}
+
+TEST_CASE("eviction takes a finished chain from its end, so its first pages still match") {
+    // A chain of n full pages, finished (every page unreferenced and cached),
+    // then k pages of other data in a pool with no free page left: k pages of
+    // the chain go, and they must be the last k, since matching walks from the
+    // first page and a chain cut at its head can never match again.
+    const int n = 6;
+    kvcache::paged_cache<float, heads> cache(1, n, page);
+    const auto chain = prompt(n * page, 100);
+    const auto a = cache.add_sequence();
+    append_tokens(cache, a, chain, 1);
+    cache.remove_sequence(a);
+    REQUIRE(cache.statistics().pages_evictable == n);
+    REQUIRE(cache.statistics().pages_free == 0);
+    for (int k = 1; k < n; ++k) {
+        const auto other = cache.add_sequence();
+        append_tokens(cache, other, prompt(page, 1000 * k), 2 + k);  // one page: one eviction
+        CHECK(cache.statistics().evictions == std::uint64_t(k));
+        const auto probe = cache.add_sequence();
+        CHECK(cache.match_prefix(probe, chain) == (n - k) * page);
+        cache.remove_sequence(probe);
+        // The other page stays referenced, so the next round must evict from the chain again.
+    }
+}
+
+TEST_CASE("between chains, the least recently used leaf goes first") {
+    kvcache::paged_cache<float, heads> cache(1, 4, page);
+    const auto older = prompt(2 * page, 100), newer = prompt(2 * page, 500);
+    const auto a = cache.add_sequence();
+    append_tokens(cache, a, older, 1);
+    const auto b = cache.add_sequence();
+    append_tokens(cache, b, newer, 2);
+    cache.remove_sequence(a);  // its pages released first
+    cache.remove_sequence(b);
+    const auto c = cache.add_sequence();
+    append_tokens(cache, c, prompt(page, 900), 3);  // one eviction: the older chain's second page
+    const auto probe_old = cache.add_sequence();
+    CHECK(cache.match_prefix(probe_old, older) == page);
+    const auto probe_new = cache.add_sequence();
+    CHECK(cache.match_prefix(probe_new, newer) == 2 * page);
 }

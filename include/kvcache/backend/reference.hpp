@@ -1,7 +1,8 @@
 // The reference backend: obvious attention in double precision over K/V rows
 // gathered through the layout interface alone. It is the oracle of every
 // kernel test, so it is written for clarity, not speed, and shares no code
-// with the kernels beyond the layout interface and the options.
+// with the kernels beyond the layout interface, the options and the argument
+// checks every backend makes.
 #pragma once
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "kvcache/backend/detail/call_checks.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/kernels/attention_options.hpp"
@@ -120,10 +122,13 @@ void narrow(const attention_result& result, Output* outputs, float* lse) {
 /// Decode attention in double: one query per sequence at position length-1.
 /// queries: [batch][query_heads][head_dim].
 /// @tparam Layout a layout view over host-accessible memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-attention_result decode_attention_exact(const Layout& view, const Query* queries, const attention_options& options = {}) {
+/// @tparam Queries a sized buffer of float or kvcache::half
+template <class Layout, class Queries>
+attention_result decode_attention_exact(const Layout& view, const Queries& query_rows,
+                                        const attention_options& options = {}) {
     using heads = typename Layout::heads;
+    const auto queries = make_span(query_rows);
+    kvcache::detail::check_decode(view, queries.size(), queries.size(), false, 0, options);
     const int batch = view.sequence_count();
     attention_result result;
     result.outputs.assign(static_cast<std::size_t>(batch) * heads::query_heads * heads::head_dim, 0.0);
@@ -135,7 +140,7 @@ attention_result decode_attention_exact(const Layout& view, const Query* queries
             for (int h = 0; h < heads::query_heads; ++h) result.lse[row + h] = -std::numeric_limits<double>::infinity();
             continue;
         }
-        detail::attend_sequence(view, b, 1, queries + row * heads::head_dim, options,
+        detail::attend_sequence(view, b, 1, queries.data() + row * heads::head_dim, options,
                                 result.outputs.data() + row * heads::head_dim, result.lse.data() + row);
     }
     return result;
@@ -143,61 +148,88 @@ attention_result decode_attention_exact(const Layout& view, const Query* queries
 
 /// Prefill attention in double: the last n_b positions of sequence b query the
 /// cached prefix and, causally, their own chunk. queries: [total tokens][query_heads][head_dim],
-/// query_offsets[batch + 1] CSR.
+/// query_offsets: batch + 1 entries from 0.
 /// @tparam Layout a layout view over host-accessible memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-attention_result prefill_attention_exact(const Layout& view, const Query* queries, const int* query_offsets,
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Offsets a sized buffer of int
+template <class Layout, class Queries, class Offsets>
+attention_result prefill_attention_exact(const Layout& view, const Queries& query_rows, const Offsets& offsets,
                                          const attention_options& options = {}) {
     using heads = typename Layout::heads;
+    const auto queries = make_span(query_rows);
+    const span<const int> query_offsets = make_span(offsets);
+    kvcache::detail::check_prefill(view, queries.size(), query_offsets, queries.size(), false, 0, options, true);
     const int batch = view.sequence_count();
-    const int total = query_offsets[batch];
+    const int total = batch == 0 ? 0 : query_offsets[batch];
     attention_result result;
     result.outputs.assign(static_cast<std::size_t>(total) * heads::query_heads * heads::head_dim, 0.0);
     result.lse.assign(static_cast<std::size_t>(total) * heads::query_heads, 0.0);
     for (int b = 0; b < batch; ++b) {
         const int tokens = query_offsets[b + 1] - query_offsets[b];
-        require(tokens >= 0, error_code::invalid_argument, "query_offsets decrease at sequence ", b);
         const std::size_t row = static_cast<std::size_t>(query_offsets[b]) * heads::query_heads;
-        detail::attend_sequence(view, b, tokens, queries + row * heads::head_dim, options,
+        detail::attend_sequence(view, b, tokens, queries.data() + row * heads::head_dim, options,
                                 result.outputs.data() + row * heads::head_dim, result.lse.data() + row);
     }
     return result;
 }
 
-/// Decode attention, results narrowed to Query. See decode_attention_exact.
+/// Decode attention, results narrowed to the queries' type. See decode_attention_exact.
 /// @tparam Layout a layout view over host-accessible memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-void decode_attention(const Layout& view, const Query* queries, Query* outputs, const attention_options& options = {}) {
-    detail::narrow(decode_attention_exact(view, queries, options), outputs, nullptr);
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Outputs a sized buffer of the same element type
+template <class Layout, class Queries, class Outputs>
+void decode_attention(const Layout& view, const Queries& queries, Outputs&& outputs, const attention_options& options = {}) {
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
+    const auto o = make_span(outputs);
+    kvcache::detail::check_decode(view, make_span(queries).size(), o.size(), false, 0, options);
+    detail::narrow(decode_attention_exact(view, queries, options), o.data(), nullptr);
 }
 
-/// Decode attention that also writes the log-sum-exp of each (sequence, query head) (may be null).
+/// Decode attention that also writes the log-sum-exp of each (sequence, query head).
 /// @tparam Layout a layout view over host-accessible memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-void decode_attention_with_lse(const Layout& view, const Query* queries, Query* outputs, float* lse,
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Outputs a sized buffer of the same element type
+/// @tparam Lse a sized buffer of float
+template <class Layout, class Queries, class Outputs, class Lse>
+void decode_attention_with_lse(const Layout& view, const Queries& queries, Outputs&& outputs, Lse&& lse,
                                const attention_options& options = {}) {
-    detail::narrow(decode_attention_exact(view, queries, options), outputs, lse);
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
+    const auto o = make_span(outputs);
+    const span<float> l = make_span(lse);
+    kvcache::detail::check_decode(view, make_span(queries).size(), o.size(), true, l.size(), options);
+    detail::narrow(decode_attention_exact(view, queries, options), o.data(), l.data());
 }
 
-/// Prefill attention, results narrowed to Query. See prefill_attention_exact.
+/// Prefill attention, results narrowed to the queries' type. See prefill_attention_exact.
 /// @tparam Layout a layout view over host-accessible memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-void prefill_attention(const Layout& view, const Query* queries, const int* query_offsets, Query* outputs,
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Offsets a sized buffer of int
+/// @tparam Outputs a sized buffer of the queries' element type
+template <class Layout, class Queries, class Offsets, class Outputs>
+void prefill_attention(const Layout& view, const Queries& queries, const Offsets& query_offsets, Outputs&& outputs,
                        const attention_options& options = {}) {
-    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options), outputs, nullptr);
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
+    const auto o = make_span(outputs);
+    kvcache::detail::check_prefill(view, make_span(queries).size(), make_span(query_offsets), o.size(), false, 0,
+                                   options, true);
+    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options), o.data(), nullptr);
 }
 
-/// Prefill attention that also writes the log-sum-exp of each (token, query head) (may be null).
+/// Prefill attention that also writes the log-sum-exp of each (token, query head).
 /// @tparam Layout a layout view over host-accessible memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-void prefill_attention_with_lse(const Layout& view, const Query* queries, const int* query_offsets, Query* outputs,
-                                float* lse, const attention_options& options = {}) {
-    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options), outputs, lse);
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Offsets a sized buffer of int
+/// @tparam Outputs a sized buffer of the queries' element type
+/// @tparam Lse a sized buffer of float
+template <class Layout, class Queries, class Offsets, class Outputs, class Lse>
+void prefill_attention_with_lse(const Layout& view, const Queries& queries, const Offsets& query_offsets,
+                                Outputs&& outputs, Lse&& lse, const attention_options& options = {}) {
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
+    const auto o = make_span(outputs);
+    const span<float> l = make_span(lse);
+    kvcache::detail::check_prefill(view, make_span(queries).size(), make_span(query_offsets), o.size(), true, l.size(),
+                                   options, true);
+    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options), o.data(), l.data());
 }
 
 /// True when position is present in the sequence (the sliding window may have dropped it).
@@ -212,19 +244,24 @@ bool is_present(const Layout& view, int sequence, int position) {
 
 /// Writes the new tokens' K/V (the last n_b positions of sequence b) through
 /// key()/value(); positions the layout no longer holds are skipped.
-/// keys/values: [total new tokens][kv_heads][head_dim]; new_token_offsets[batch + 1].
+/// keys/values: [total new tokens][kv_heads][head_dim]; new_token_offsets: batch + 1 entries from 0.
 /// @tparam Layout a layout view over host-accessible memory
-/// @tparam Input float or kvcache::half
-template <class Layout, class Input>
-void append(const Layout& view, const Input* keys, const Input* values, const int* new_token_offsets) {
+/// @tparam Keys a sized buffer of float or kvcache::half
+/// @tparam Values a sized buffer of the same element type
+/// @tparam Offsets a sized buffer of int
+template <class Layout, class Keys, class Values, class Offsets>
+void append(const Layout& view, const Keys& key_rows, const Values& value_rows, const Offsets& offsets) {
     using heads = typename Layout::heads;
     using element = typename Layout::element_type;
     constexpr int dim = heads::head_dim;
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Keys>, kvcache::detail::range_element_t<Values>>();
+    const auto keys = make_span(key_rows);
+    const auto values = make_span(value_rows);
+    const span<const int> new_token_offsets = make_span(offsets);
+    kvcache::detail::check_append(view, keys.size(), values.size(), new_token_offsets, true);
     for (int b = 0; b < view.sequence_count(); ++b) {
         const int tokens = new_token_offsets[b + 1] - new_token_offsets[b];
         const int length = view.length(b);
-        require(tokens >= 0 && tokens <= length, error_code::invalid_argument, "sequence ", b, " appends ", tokens,
-                " tokens but its length is ", length);
         for (int t = 0; t < tokens; ++t) {
             const int position = length - tokens + t;
             if (!is_present(view, b, position)) continue;
@@ -243,12 +280,23 @@ void append(const Layout& view, const Input* keys, const Input* values, const in
 
 /// Merges partial attention states in double. outputs: [states][rows][head_dim],
 /// lse: [states][rows]; a state with lse = -inf is empty and weighs nothing.
-/// Writes merged[rows][head_dim] and merged_lse[rows] (may be null).
-/// @tparam State float or kvcache::half
-/// @tparam Output float or kvcache::half
-template <class State, class Output>
-void merge_states(int states, int rows, int head_dim, const State* outputs, const float* lse, Output* merged,
-                  float* merged_lse) {
+/// Writes merged[rows][head_dim] and merged_lse[rows] (nullptr or empty: not written).
+/// @tparam States a sized buffer of float or kvcache::half
+/// @tparam StateLse a sized buffer of float
+/// @tparam Merged a sized buffer of float or kvcache::half
+/// @tparam MergedLse a sized buffer of float, or std::nullptr_t
+template <class States, class StateLse, class Merged, class MergedLse>
+void merge_states(int states, int rows, int head_dim, const States& state_outputs, const StateLse& state_lse,
+                  Merged&& merged_rows, MergedLse&& merged_row_lse) {
+    using State = kvcache::detail::range_element_t<States>;
+    using Output = kvcache::detail::range_element_t<Merged>;
+    const auto outputs = make_span(state_outputs);
+    const span<const float> lse = make_span(state_lse);
+    const auto merged = make_span(merged_rows);
+    const span<float> merged_lse_span = kvcache::detail::optional_lse(merged_row_lse);
+    kvcache::detail::check_merge(states, rows, head_dim, outputs.size(), lse.size(), merged.size(),
+                                 !merged_lse_span.empty(), merged_lse_span.size());
+    float* const merged_lse = merged_lse_span.empty() ? nullptr : merged_lse_span.data();
     for (int r = 0; r < rows; ++r) {
         double max_lse = -std::numeric_limits<double>::infinity();
         for (int s = 0; s < states; ++s) max_lse = std::fmax(max_lse, double(lse[static_cast<std::size_t>(s) * rows + r]));
@@ -260,7 +308,7 @@ void merge_states(int states, int rows, int head_dim, const State* outputs, cons
                 if (l == -std::numeric_limits<double>::infinity()) continue;
                 const double weight = std::exp(l - max_lse);
                 total += weight;
-                const State* o = outputs + (static_cast<std::size_t>(s) * rows + r) * head_dim;
+                const State* o = outputs.data() + (static_cast<std::size_t>(s) * rows + r) * head_dim;
                 for (int d = 0; d < head_dim; ++d) sum[d] += weight * to_float(o[d]);
             }
         }

@@ -103,7 +103,10 @@ public:
 
     /// Writes rows of positions [first, first + n) of one layer from host
     /// arrays [token][kv_head][head_dim]; the positions must be below length().
-    void write(sequence_id id, int layer, int first, const Element* keys, const Element* values, int n) {
+    void write(sequence_id id, int layer, int first, span<const Element> key_rows, span<const Element> value_rows, int n) {
+        base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "write");
+        const Element* const keys = key_rows.data();
+        const Element* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
@@ -111,7 +114,10 @@ public:
     }
 
     /// Reads rows of positions [first, first + n) of one layer into host arrays.
-    void read(sequence_id id, int layer, int first, int n, Element* keys, Element* values) const {
+    void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
+        base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");
+        Element* const keys = key_rows.data();
+        Element* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
@@ -145,8 +151,10 @@ public:
         const std::vector<int> table = this->length_slot_table(batch);
         const int* device_table = table_.upload(table);
         const int n = static_cast<int>(batch.size());
-        return view_type::packed(store_.keys(layer), store_.values(layer), device_table,
-                                 device_table ? device_table + n : nullptr, n, capacity());
+        view_type v = view_type::packed(store_.keys(layer), store_.values(layer), device_table,
+                                        device_table ? device_table + n : nullptr, n, capacity());
+        v.sequence_ids = table_.label(batch);
+        return v;
     }
 
     /// Bytes of every slab, used or not.
@@ -208,7 +216,7 @@ private:
             const sequence_id id = add_sequence();
             ids.push_back(id);
             begin_append(id, r.length);
-            for (int l = 0; l < layers(); ++l) write(id, l, 0, r.keys[l].data(), r.values[l].data(), r.length);
+            for (int l = 0; l < layers(); ++l) write(id, l, 0, r.keys[l], r.values[l], r.length);
         }
         return ids;
     }

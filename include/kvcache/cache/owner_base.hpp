@@ -40,10 +40,10 @@ public:
     /// positions for every layer (begin_append) and writes its rows; layers
     /// 1..L-1 then fill those same last n positions. Throws on a bad layer,
     /// n, or (layer > 0) n larger than the sequence; nothing changes then.
-    void append(sequence_id id, int layer, const Element* keys, const Element* values, int n) {
+    void append(sequence_id id, int layer, span<const Element> keys, span<const Element> values, int n) {
         Derived& self = derived();
         check_layer(layer);
-        require_count(n, "n_tokens");
+        check_rows(keys.size(), values.size(), n, id, layer, "append");
         if (layer == 0) {
             // begin_append checks capacity first; a failing write afterwards
             // would be a device fault, not bad input.
@@ -91,8 +91,9 @@ public:
             rec.values.assign(self.layers(), std::vector<Element>(present * row));
             for (int l = 0; l < self.layers(); ++l) {
                 for_each_position_run(rec.positions, [&](std::size_t i, std::size_t j) {  // one read per run
-                    self.read(id, l, rec.positions[i], static_cast<int>(j - i), rec.keys[l].data() + i * row,
-                              rec.values[l].data() + i * row);
+                    const std::size_t count = (j - i) * row;
+                    self.read(id, l, rec.positions[i], static_cast<int>(j - i), span<Element>(rec.keys[l].data() + i * row, count),
+                              span<Element>(rec.values[l].data() + i * row, count));
                 });
             }
             records.push_back(std::move(rec));
@@ -136,6 +137,17 @@ protected:
         require_count(n, "n_tokens");
         require(first >= 0 && first <= length && n <= length - first, error_code::out_of_range, "positions [", first,
                 ", ", std::int64_t(first) + n, ") of sequence ", id, " are outside its length ", length);
+    }
+
+    /// Throws invalid_argument unless host buffers of keys and values hold n
+    /// rows of one layer ([token][kv_head][head_dim]) for an operation on id.
+    static void check_rows(std::size_t keys, std::size_t values, int n, sequence_id id, int layer, const char* op) {
+        require_count(n, "n_tokens");
+        const std::int64_t row = std::int64_t(Heads::kv_heads) * Heads::head_dim;
+        require_elements(keys, n, row, "keys", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
+                         ", layer ", layer, ")");
+        require_elements(values, n, row, "values", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
+                         ", layer ", layer, ")");
     }
 
     /// Throws out_of_range unless new_length lies in [0, length].

@@ -99,8 +99,10 @@ public:
 
     using base::append;
     /// append() for layer 0 that also records the token ids (see begin_append).
-    void append(sequence_id id, const Element* keys, const Element* values, const std::vector<std::int32_t>& token_ids) {
+    void append(sequence_id id, span<const Element> keys, span<const Element> values,
+                const std::vector<std::int32_t>& token_ids) {
         const int n = static_cast<int>(token_ids.size());
+        base::check_rows(keys.size(), values.size(), n, id, 0, "append");
         const int first = begin_append(id, n, token_ids);
         try {
             write(id, 0, first, keys, values, n);
@@ -149,7 +151,10 @@ public:
     /// Writes rows of positions [first, first + n) of one layer from host
     /// arrays [token][kv_head][head_dim]; shared pages touched are copied
     /// first (capacity_exceeded, with nothing changed, if no page is left).
-    void write(sequence_id id, int layer, int first, const Element* keys, const Element* values, int n) {
+    void write(sequence_id id, int layer, int first, span<const Element> key_rows, span<const Element> value_rows, int n) {
+        base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "write");
+        const Element* const keys = key_rows.data();
+        const Element* const values = value_rows.data();
         this->check_layer(layer);
         state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
@@ -167,7 +172,10 @@ public:
     }
 
     /// Reads rows of positions [first, first + n) of one layer into host arrays.
-    void read(sequence_id id, int layer, int first, int n, Element* keys, Element* values) const {
+    void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
+        base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");
+        Element* const keys = key_rows.data();
+        Element* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
@@ -216,8 +224,10 @@ public:
             table.insert(table.end(), s.pages.begin(), s.pages.end());
         }
         const int* t = table_.upload(table);
-        return view_type::packed(keys_[layer].data(), values_[layer].data(), t + n, t + 2 * n + 1, t,
-                                 static_cast<int>(n), page_size_);
+        view_type v = view_type::packed(keys_[layer].data(), values_[layer].data(), t + n, t + 2 * n + 1, t,
+                                        static_cast<int>(n), page_size_);
+        v.sequence_ids = table_.label(batch);
+        return v;
     }
 
     /// Pages, prefix-cache counters and bytes.
@@ -344,7 +354,7 @@ private:
             const sequence_id id = add_sequence();
             ids.push_back(id);
             append_positions(id, r.length, r.tokens.data(), static_cast<int>(r.tokens.size()));
-            for (int l = 0; l < layers_; ++l) write(id, l, 0, r.keys[l].data(), r.values[l].data(), r.length);
+            for (int l = 0; l < layers_; ++l) write(id, l, 0, r.keys[l], r.values[l], r.length);
             publish(id);
         }
         return ids;

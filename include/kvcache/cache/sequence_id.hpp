@@ -91,9 +91,17 @@ public:
         return buffer_.data();
     }
 
+    /// Keeps the batch's sequence ids in host memory for the view's messages
+    /// (views name a bad entry by id); valid as long as the table is.
+    const std::int64_t* label(const std::vector<sequence_id>& batch) {
+        ids_ = batch;
+        return ids_.empty() ? nullptr : ids_.data();
+    }
+
 private:
     std::vector<int> host_;
     typename Memory::template buffer<int> buffer_;
+    std::vector<sequence_id> ids_;
 };
 
 /// Throws invalid_argument unless 0 <= n.

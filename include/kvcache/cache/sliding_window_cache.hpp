@@ -97,7 +97,10 @@ public:
 
     /// Writes rows of present positions [first, first + n) of one layer from
     /// host arrays [token][kv_head][head_dim].
-    void write(sequence_id id, int layer, int first, const Element* keys, const Element* values, int n) {
+    void write(sequence_id id, int layer, int first, span<const Element> key_rows, span<const Element> value_rows, int n) {
+        base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "write");
+        const Element* const keys = key_rows.data();
+        const Element* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         check_present(id, s.length, first, n);
@@ -108,7 +111,10 @@ public:
     }
 
     /// Reads rows of present positions [first, first + n) of one layer into host arrays.
-    void read(sequence_id id, int layer, int first, int n, Element* keys, Element* values) const {
+    void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
+        base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");
+        Element* const keys = key_rows.data();
+        Element* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         check_present(id, s.length, first, n);
@@ -152,6 +158,7 @@ public:
         const int n = static_cast<int>(batch.size());
         auto v = view_type::packed(store_.keys(layer), store_.values(layer), t, t ? t + n : nullptr, n, sinks_, ring_,
                                    window_);
+        v.sequence_ids = table_.label(batch);
         return v;
     }
 
@@ -235,8 +242,8 @@ private:
             constexpr std::size_t row = std::size_t(Heads::kv_heads) * Heads::head_dim;
             base::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers(); ++l)
-                    write(id, l, r.positions[i], r.keys[l].data() + i * row, r.values[l].data() + i * row,
-                          static_cast<int>(j - i));
+                    write(id, l, r.positions[i], span<const Element>(r.keys[l].data() + i * row, (j - i) * row),
+                          span<const Element>(r.values[l].data() + i * row, (j - i) * row), static_cast<int>(j - i));
             });
         }
         return ids;

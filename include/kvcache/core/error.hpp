@@ -2,6 +2,8 @@
 // names the offending value and the limit it broke.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -78,4 +80,18 @@ void require(bool condition, error_code code, Parts&&... parts) {
     if (!condition) throw_error(code, std::forward<Parts>(parts)...);
 }
 
+namespace detail {
+
+/// Throws invalid_argument unless a buffer of `size` elements holds the
+/// `rows` x `row` elements a call needs, naming the buffer and what it holds:
+/// "keys holds 127 elements but 2 tokens x (kv_heads x head_dim) 64 = 128 are needed".
+template <class... Context>
+void require_elements(std::size_t size, std::int64_t rows, std::int64_t row, const char* field, const char* rows_name,
+                      Context&&... context) {
+    const std::int64_t needed = rows * row;
+    require(std::int64_t(size) >= needed, error_code::invalid_argument, field, " holds ", size, " elements but ", rows,
+            " ", rows_name, " ", row, " = ", needed, " are needed", std::forward<Context>(context)...);
+}
+
+}  // namespace detail
 }  // namespace kvcache

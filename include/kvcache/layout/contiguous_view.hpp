@@ -36,6 +36,7 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     std::int64_t slot_stride = 0;     ///< elements between slots
     std::int64_t head_stride = 0;     ///< elements between KV heads of a slot
     std::int64_t position_stride = 0; ///< elements between consecutive positions (>= head_dim)
+    const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
     /// Strides of the packed [slot][kv_head][position][head_dim] order for the given capacity.
     KVCACHE_HOST_DEVICE static constexpr contiguous_view packed(Element* keys, Element* values, const int* lengths,

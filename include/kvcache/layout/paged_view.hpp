@@ -49,6 +49,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads>, Element> {
     int page_size = 1;                  ///< tokens per page (>= 1)
     int page_shift = 0;                 ///< log2(page_size) when a power of two, else -1
     std::int64_t page_stride = 0;       ///< elements from one page's key plane to the next (>= kv_heads*page_size*head_dim)
+    const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
     /// A view with page_shift derived and packed pages (page_stride = kv_heads * page_size * head_dim).
     KVCACHE_HOST_DEVICE static constexpr paged_view packed(Element* keys, Element* values, const int* page_offsets,

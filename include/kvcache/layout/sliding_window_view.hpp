@@ -40,6 +40,7 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
     int window = 1;                ///< W: a query sees keys newer than query - W (plus sinks)
     std::int64_t slot_stride = 0;  ///< elements between slots (>= kv_heads * head_stride)
     std::int64_t head_stride = 0;  ///< elements between KV heads of a slot (>= (sinks + ring) * head_dim)
+    const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
     /// Packed strides for the given sinks and ring.
     KVCACHE_HOST_DEVICE static constexpr sliding_window_view packed(Element* keys, Element* values,

@@ -128,7 +128,7 @@ void fill_cache(const View& view, unsigned seed) {
     const std::size_t count = std::size_t(offsets.back()) * heads::kv_heads * heads::head_dim;
     const auto keys = random_rows<float>(count, 1.0f, seed);
     const auto values = random_rows<float>(count, 1.0f, seed + 1);
-    reference::append(view, keys.data(), values.data(), offsets.data());
+    reference::append(view, keys, values, offsets);
 }
 
 inline std::string heads_name(int q, int kv, int d) {
@@ -137,7 +137,8 @@ inline std::string heads_name(int q, int kv, int d) {
 
 /// Runs decode and prefill of Backend on a cache from Factory for every
 /// standard case and compares with the reference. Query elements are Query.
-/// @tparam Backend struct with static decode(view, q, o, lse, options) and prefill(view, q, offsets, o, lse, options)
+/// @tparam Backend struct with static decode(view, q, o, lse, options) and prefill(view, q, offsets, o, lse, options),
+///         each taking std::vector buffers
 /// @tparam Factory struct with name and make<Element, Heads>(case, seed) returning an owner with view()
 template <class Backend, class Factory, class Element, class Heads, class Query = Element>
 void check_attention(const std::vector<context_case>& cases = standard_cases()) {
@@ -156,8 +157,8 @@ void check_attention(const std::vector<context_case>& cases = standard_cases()) 
             const auto queries = random_rows<Query>(std::size_t(batch) * Heads::query_heads * Heads::head_dim, 3.0f, seed++);
             std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
             std::vector<float> lse(std::size_t(batch) * Heads::query_heads, 99.0f);
-            Backend::decode(view, queries.data(), outputs.data(), lse.data(), c.options);
-            compare(outputs, lse, reference::decode_attention_exact(view, queries.data(), c.options), what + ", decode");
+            Backend::decode(view, queries, outputs, lse, c.options);
+            compare(outputs, lse, reference::decode_attention_exact(view, queries, c.options), what + ", decode");
         }
         {  // prefill
             std::vector<int> offsets(1, 0);
@@ -166,8 +167,8 @@ void check_attention(const std::vector<context_case>& cases = standard_cases()) 
                 random_rows<Query>(std::size_t(offsets.back()) * Heads::query_heads * Heads::head_dim, 3.0f, seed++);
             std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
             std::vector<float> lse(std::size_t(offsets.back()) * Heads::query_heads, 99.0f);
-            Backend::prefill(view, queries.data(), offsets.data(), outputs.data(), lse.data(), c.options);
-            compare(outputs, lse, reference::prefill_attention_exact(view, queries.data(), offsets.data(), c.options),
+            Backend::prefill(view, queries, offsets, outputs, lse, c.options);
+            compare(outputs, lse, reference::prefill_attention_exact(view, queries, offsets, c.options),
                     what + ", prefill");
         }
     }
@@ -192,8 +193,8 @@ void check_append(const std::vector<context_case>& cases = standard_cases()) {
         const std::size_t count = std::size_t(offsets.back()) * Heads::kv_heads * Heads::head_dim;
         const auto keys = random_rows<Input>(count, 1.0f, seed++);
         const auto values = random_rows<Input>(count, 1.0f, seed++);
-        Backend::append(view, keys.data(), values.data(), offsets.data());
-        reference::append(expected_view, keys.data(), values.data(), offsets.data());
+        Backend::append(view, keys, values, offsets);
+        reference::append(expected_view, keys, values, offsets);
         INFO(Backend::name << " append, " << Factory::name << " " << type << ", " << c.name);
         std::size_t mismatches = 0;
         for (int b = 0; b < view.sequence_count(); ++b)

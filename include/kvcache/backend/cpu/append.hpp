@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kvcache/backend/cpu/thread_pool.hpp"
+#include "kvcache/backend/detail/call_checks.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/kernels/new_tokens.hpp"
@@ -14,21 +15,25 @@ namespace cpu {
 
 /// Writes the K/V rows of each sequence's new tokens (its last n_b positions);
 /// positions the layout already dropped (a chunk longer than a sliding window)
-/// are skipped. keys/values: [total new tokens][kv_heads][head_dim],
-/// new_token_offsets[batch + 1].
+/// are skipped. keys/values: [total new tokens][kv_heads][head_dim] of float
+/// or kvcache::half (converted to the stored type); new_token_offsets: batch
+/// + 1 entries from 0. Sizes are checked before anything is written.
 /// @tparam Layout a layout view over host memory
-/// @tparam Input float or kvcache::half
-template <class Layout, class Input>
-void append(const Layout& view, const Input* keys, const Input* values, const int* new_token_offsets) {
+/// @tparam Keys a sized buffer of float or kvcache::half
+/// @tparam Values a sized buffer of the same element type
+/// @tparam Offsets a sized buffer of int
+template <class Layout, class Keys, class Values, class Offsets>
+void append(const Layout& view, const Keys& key_rows, const Values& value_rows, const Offsets& offsets) {
     using heads = typename Layout::heads;
     using element = typename Layout::element_type;
+    using Input = kvcache::detail::range_element_t<Keys>;
+    kvcache::detail::check_element_types<Input, kvcache::detail::range_element_t<Values>>();
     constexpr int dim = heads::head_dim;
+    const span<const Input> keys = make_span(key_rows), values = make_span(value_rows);
+    const span<const int> new_token_offsets = make_span(offsets);
+    kvcache::detail::check_append(view, keys.size(), values.size(), new_token_offsets, true);
     const int batch = view.sequence_count();
-    for (int b = 0; b < batch; ++b) {
-        const int tokens = new_token_offsets[b + 1] - new_token_offsets[b];
-        require(tokens >= 0 && tokens <= view.length(b), error_code::invalid_argument, "sequence ", b, " appends ",
-                tokens, " tokens but its length is ", view.length(b));
-    }
+    if (batch == 0) return;
     detail::thread_pool::instance().parallel_for(batch * heads::kv_heads, [&](int item) {
         const int b = item / heads::kv_heads, kv = item % heads::kv_heads;
         const int tokens = new_token_offsets[b + 1] - new_token_offsets[b];

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvcache/backend/cpu/attention_rows.hpp"
+#include "kvcache/backend/detail/call_checks.hpp"
 #include "kvcache/backend/cpu/decode_tile.hpp"
 #include "kvcache/backend/cpu/thread_pool.hpp"
 #include "kvcache/core/element.hpp"
@@ -46,6 +47,7 @@ void decode(const Layout& view, const Query* queries, Query* outputs, float* lse
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim, group = heads::group_size;
     const int batch = view.sequence_count();
+    if (batch == 0) return;
     const float scale = resolved_softmax_scale(options, dim);
     const int items = batch * heads::kv_heads;
     thread_pool& pool = thread_pool::instance();
@@ -113,8 +115,6 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
     std::vector<work_item> work;
     for (int b = 0; b < batch; ++b) {
         const int tokens = query_offsets[b + 1] - query_offsets[b];
-        require(tokens >= 0 && tokens <= view.length(b), error_code::invalid_argument, "sequence ", b, " has ", tokens,
-                " query tokens but length ", view.length(b));
         for (int kv = 0; kv < heads::kv_heads; ++kv)
             for (int t = 0; t < tokens; t += prefill_block_tokens)
                 work.push_back({b, kv, t, std::min(prefill_block_tokens, tokens - t)});
@@ -149,41 +149,74 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
 }  // namespace detail
 
 /// Decode attention on the CPU: one query per sequence at position length-1.
-/// queries/outputs: [batch][query_heads][head_dim].
+/// queries/outputs: [batch][query_heads][head_dim], each a span or a
+/// contiguous container of float or kvcache::half (sizes are checked).
 /// @tparam Layout a layout view over host memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-void decode_attention(const Layout& view, const Query* queries, Query* outputs, const attention_options& options = {}) {
-    detail::decode(view, queries, outputs, nullptr, options);
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Outputs a sized buffer of the same element type
+template <class Layout, class Queries, class Outputs>
+void decode_attention(const Layout& view, const Queries& queries, Outputs&& outputs, const attention_options& options = {}) {
+    const auto q = make_span(queries);
+    const auto o = make_span(outputs);
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
+    kvcache::detail::check_decode(view, q.size(), o.size(), false, 0, options);
+    detail::decode(view, q.data(), o.data(), nullptr, options);
 }
 
-/// Decode attention that also writes each (sequence, query head)'s log-sum-exp (-inf when it saw nothing).
+/// Decode attention that also writes each (sequence, query head)'s
+/// log-sum-exp (-inf when it saw nothing) into lse [batch][query_heads].
 /// @tparam Layout a layout view over host memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-void decode_attention_with_lse(const Layout& view, const Query* queries, Query* outputs, float* lse,
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Outputs a sized buffer of the same element type
+/// @tparam Lse a sized buffer of float
+template <class Layout, class Queries, class Outputs, class Lse>
+void decode_attention_with_lse(const Layout& view, const Queries& queries, Outputs&& outputs, Lse&& lse,
                                const attention_options& options = {}) {
-    detail::decode(view, queries, outputs, lse, options);
+    const auto q = make_span(queries);
+    const auto o = make_span(outputs);
+    const span<float> l = make_span(lse);
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
+    kvcache::detail::check_decode(view, q.size(), o.size(), true, l.size(), options);
+    detail::decode(view, q.data(), o.data(), l.data(), options);
 }
 
 /// Prefill attention on the CPU: the last n_b positions of sequence b (already
 /// appended) attend to the prefix and causally within the chunk.
-/// queries/outputs: [total tokens][query_heads][head_dim]; query_offsets[batch + 1].
+/// queries/outputs: [total tokens][query_heads][head_dim]; query_offsets: batch + 1 entries from 0.
 /// @tparam Layout a layout view over host memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-void prefill_attention(const Layout& view, const Query* queries, const int* query_offsets, Query* outputs,
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Offsets a sized buffer of int
+/// @tparam Outputs a sized buffer of the queries' element type
+template <class Layout, class Queries, class Offsets, class Outputs>
+void prefill_attention(const Layout& view, const Queries& queries, const Offsets& query_offsets, Outputs&& outputs,
                        const attention_options& options = {}) {
-    detail::prefill(view, queries, query_offsets, outputs, nullptr, options);
+    const auto q = make_span(queries);
+    const span<const int> offsets = make_span(query_offsets);
+    const auto o = make_span(outputs);
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
+    kvcache::detail::check_prefill(view, q.size(), offsets, o.size(), false, 0, options, true);
+    if (view.sequence_count() == 0) return;
+    detail::prefill(view, q.data(), offsets.data(), o.data(), nullptr, options);
 }
 
-/// Prefill attention that also writes each (token, query head)'s log-sum-exp.
+/// Prefill attention that also writes each (token, query head)'s log-sum-exp
+/// into lse [total tokens][query_heads].
 /// @tparam Layout a layout view over host memory
-/// @tparam Query float or kvcache::half
-template <class Layout, class Query>
-void prefill_attention_with_lse(const Layout& view, const Query* queries, const int* query_offsets, Query* outputs,
-                                float* lse, const attention_options& options = {}) {
-    detail::prefill(view, queries, query_offsets, outputs, lse, options);
+/// @tparam Queries a sized buffer of float or kvcache::half
+/// @tparam Offsets a sized buffer of int
+/// @tparam Outputs a sized buffer of the queries' element type
+/// @tparam Lse a sized buffer of float
+template <class Layout, class Queries, class Offsets, class Outputs, class Lse>
+void prefill_attention_with_lse(const Layout& view, const Queries& queries, const Offsets& query_offsets,
+                                Outputs&& outputs, Lse&& lse, const attention_options& options = {}) {
+    const auto q = make_span(queries);
+    const span<const int> offsets = make_span(query_offsets);
+    const auto o = make_span(outputs);
+    const span<float> l = make_span(lse);
+    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
+    kvcache::detail::check_prefill(view, q.size(), offsets, o.size(), true, l.size(), options, true);
+    if (view.sequence_count() == 0) return;
+    detail::prefill(view, q.data(), offsets.data(), o.data(), l.data(), options);
 }
 
 }  // namespace cpu

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "kvcache/backend/detail/call_checks.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/execution/index3.hpp"
 #include "kvcache/kernels/append_kernel.hpp"
@@ -20,17 +21,13 @@
 namespace kvcache {
 namespace detail {
 
-/// Most key/value splits of one decode (bounds the workspace and the merge).
-inline constexpr int max_decode_splits = 32;
-
-/// Splits per (sequence, KV head): the option when set, else enough blocks to
-/// give every multiprocessor two. Split blocks past a short sequence's keys
-/// write empty states, which the merge ignores.
+/// Splits per (sequence, KV head): the option when set (check_options bounds
+/// it), else enough blocks to give every multiprocessor two. Split blocks past
+/// a short sequence's keys write empty states, which the merge ignores.
 inline int decode_splits(int batch, int kv_heads, int multiprocessors, const attention_options& options) {
-    require(options.kv_splits >= 0, error_code::invalid_argument, "kv_splits ", options.kv_splits, " is negative");
-    if (options.kv_splits > 0) return std::min(options.kv_splits, max_decode_splits);
+    if (options.kv_splits > 0) return options.kv_splits;
     const int items = std::max(1, batch * kv_heads), target = 2 * multiprocessors;
-    return items >= target ? 1 : std::min(max_decode_splits, (target + items - 1) / items);
+    return items >= target ? 1 : std::min(max_kv_splits, (target + items - 1) / items);
 }
 
 /// Blocks along x for prefill and append: a few per multiprocessor in total.
@@ -57,8 +54,6 @@ void run_append(Launcher& launcher, const Layout& view, const Input* keys, const
 
 template <class Launcher, class State, class Output>
 void run_merge(Launcher& launcher, const merge_params<State, Output>& params) {
-    require(params.head_dim > 0 && params.head_dim % 8 == 0, error_code::invalid_argument, "merge head_dim ",
-            params.head_dim, " must be a positive multiple of 8");
     if (params.rows == 0) return;
     launcher.template launch<merge_states_kernel<State, Output>>(index3{params.rows, 1, 1}, 0, params);
 }
@@ -109,8 +104,6 @@ void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, c
 template <class State, class Output>
 merge_params<State, Output> state_major_merge(int states, int rows, int head_dim, const State* outputs, const float* lse,
                                               Output* merged, float* merged_lse) {
-    require(states >= 0 && rows >= 0, error_code::invalid_argument, "merge of ", states, " states x ", rows,
-            " rows must not be negative");
     return {outputs, lse, merged, merged_lse, rows, states, head_dim, std::int64_t(rows) * head_dim, head_dim, rows, 1};
 }
 

@@ -1,0 +1,166 @@
+// The argument checks of every backend's calls, written once so that the
+// reference, CPU, emulated and CUDA backends refuse the same input with the
+// same message: sizes of every buffer against what the batch needs, the CSR
+// token offsets, the options. Messages name the field, the value, the limit,
+// and the sequence id where the view knows it.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "kvcache/core/element.hpp"
+#include "kvcache/core/error.hpp"
+#include "kvcache/core/span.hpp"
+#include "kvcache/kernels/attention_options.hpp"
+
+namespace kvcache {
+namespace detail {
+
+/// The element type of a buffer argument (a span or a contiguous container).
+/// @tparam Range the argument's type
+template <class Range>
+using range_element_t = std::remove_const_t<std::remove_pointer_t<decltype(std::data(std::declval<Range&>()))>>;
+
+/// Compile-time checks of a call's buffer element types: queries (or K/V
+/// rows) float or half, and outputs of the same type.
+/// @tparam Input the element type of the input buffers
+/// @tparam Output the element type of the output buffers
+template <class Input, class Output>
+constexpr void check_element_types() {
+    static_assert(is_element_v<Input>, "kvcache: queries and K/V rows are float or kvcache::half");
+    static_assert(std::is_same_v<Input, Output>, "kvcache: outputs have the queries' element type");
+}
+
+/// The merged_lse argument of merge_states: a sized float buffer, or nullptr for none.
+inline span<float> optional_lse(std::nullptr_t) noexcept { return {}; }
+/// @tparam Lse a sized buffer of float
+template <class Lse>
+span<float> optional_lse(Lse&& lse) noexcept {
+    return make_span(lse);
+}
+
+/// Most key/value splits a decode may be asked for (bounds workspace and merge).
+inline constexpr int max_kv_splits = 32;
+
+/// The options check of every attention call.
+inline void check_options(const attention_options& options) {
+    require(options.kv_splits >= 0 && options.kv_splits <= max_kv_splits, error_code::invalid_argument,
+            "attention_options.kv_splits = ", options.kv_splits, " is outside [0, ", max_kv_splits,
+            "] (0 lets the backend choose)");
+    require(std::isfinite(options.softmax_scale), error_code::invalid_argument, "attention_options.softmax_scale = ",
+            options.softmax_scale, " is not finite (0 means 1/sqrt(head_dim))");
+    require(std::isfinite(options.logits_soft_cap) && options.logits_soft_cap >= 0.0f, error_code::invalid_argument,
+            "attention_options.logits_soft_cap = ", options.logits_soft_cap, " must be finite and >= 0 (0 is off)");
+}
+
+template <class Layout, class = void>
+struct has_sequence_ids : std::false_type {};
+template <class Layout>
+struct has_sequence_ids<Layout, std::void_t<decltype(std::declval<const Layout&>().sequence_ids)>> : std::true_type {};
+
+/// Batch entry b of a view for messages: "sequence 7 (batch entry 1)" when
+/// the view was made by an owner, which records the ids; else "batch entry 1".
+/// @tparam Layout a layout view
+template <class Layout>
+std::string sequence_name(const Layout& view, int b) {
+    if constexpr (has_sequence_ids<Layout>::value)
+        if (view.sequence_ids) return concat("sequence ", view.sequence_ids[b], " (batch entry ", b, ")");
+    return concat("batch entry ", b);
+}
+
+/// Checks CSR token offsets of a batch and returns the total tokens. For a
+/// batch of b sequences, b + 1 entries, non-decreasing from offsets[0] = 0;
+/// an empty batch may pass no entries. When the view's lengths are host
+/// memory, each sequence's tokens are also checked against its length.
+/// @tparam Layout a layout view
+template <class Layout>
+int check_offsets(const Layout& view, span<const int> offsets, const char* field, const char* verb,
+                  bool host_lengths) {
+    const int batch = view.sequence_count();
+    require(batch >= 0, error_code::invalid_argument, "view.sequences = ", batch, " is negative");
+    if (batch == 0 && offsets.empty()) return 0;
+    require(offsets.size() == std::size_t(batch) + 1, error_code::invalid_argument, field, " has ", offsets.size(),
+            " entries but a batch of ", batch, " sequences needs ", batch + 1);
+    if (!host_lengths) return -1;  // device memory: the entries cannot be read here
+    require(offsets[0] == 0, error_code::invalid_argument, field, "[0] = ", offsets[0], " must be 0");
+    for (int b = 0; b < batch; ++b) {
+        const int tokens = offsets[b + 1] - offsets[b];
+        require(offsets[b + 1] >= offsets[b], error_code::invalid_argument, field, " decreases at ",
+                sequence_name(view, b), ": ", field, "[", b + 1, "] = ", offsets[b + 1], " < ", offsets[b]);
+        require(tokens <= view.length(b), error_code::invalid_argument, sequence_name(view, b), " ", verb, " ", tokens,
+                " tokens but its length is ", view.length(b), " (begin_append reserves the positions first)");
+    }
+    return offsets[batch];
+}
+
+/// append: keys and values hold total tokens x kv_heads x head_dim.
+/// @tparam Layout a layout view
+template <class Layout>
+void check_append(const Layout& view, std::size_t keys, std::size_t values, span<const int> offsets, bool host_lengths) {
+    using heads = typename Layout::heads;
+    const int total = check_offsets(view, offsets, "new_token_offsets", "appends", host_lengths);
+    const std::int64_t row = std::int64_t(heads::kv_heads) * heads::head_dim;
+    if (total < 0) {  // offsets on the device: at least the two buffers must agree and be whole rows
+        require(keys == values && keys % row == 0, error_code::invalid_argument, "keys (", keys, " elements) and values (",
+                values, ") must hold the same whole rows of ", row, " elements");
+        return;
+    }
+    require_elements(keys, total, row, "keys", "new tokens x (kv_heads x head_dim)");
+    require_elements(values, total, row, "values", "new tokens x (kv_heads x head_dim)");
+}
+
+/// decode: queries and outputs hold batch x query_heads x head_dim; lse, when asked for, batch x query_heads.
+/// @tparam Layout a layout view
+template <class Layout>
+void check_decode(const Layout& view, std::size_t queries, std::size_t outputs, bool with_lse, std::size_t lse_size,
+                  const attention_options& options) {
+    using heads = typename Layout::heads;
+    check_options(options);
+    const int batch = view.sequence_count();
+    require(batch >= 0, error_code::invalid_argument, "view.sequences = ", batch, " is negative");
+    const std::int64_t row = std::int64_t(heads::query_heads) * heads::head_dim;
+    require_elements(queries, batch, row, "queries", "sequences x (query_heads x head_dim)");
+    require_elements(outputs, batch, row, "outputs", "sequences x (query_heads x head_dim)");
+    if (with_lse) require_elements(lse_size, batch, heads::query_heads, "lse", "sequences x query_heads");
+}
+
+/// prefill: queries and outputs hold total tokens x query_heads x head_dim; lse total tokens x query_heads.
+/// @tparam Layout a layout view
+template <class Layout>
+void check_prefill(const Layout& view, std::size_t queries, span<const int> offsets, std::size_t outputs,
+                   bool with_lse, std::size_t lse_size, const attention_options& options, bool host_lengths) {
+    using heads = typename Layout::heads;
+    check_options(options);
+    const int total = check_offsets(view, offsets, "query_offsets", "has", host_lengths);
+    const std::int64_t row = std::int64_t(heads::query_heads) * heads::head_dim;
+    if (total < 0) {
+        require(outputs >= queries && queries % row == 0, error_code::invalid_argument, "queries (", queries,
+                " elements) must be whole rows of ", row, " and outputs (", outputs, ") at least as large");
+        if (with_lse) require_elements(lse_size, std::int64_t(queries / row), heads::query_heads, "lse", "query tokens x query_heads");
+        return;
+    }
+    require_elements(queries, total, row, "queries", "query tokens x (query_heads x head_dim)");
+    require_elements(outputs, total, row, "outputs", "query tokens x (query_heads x head_dim)");
+    if (with_lse) require_elements(lse_size, total, heads::query_heads, "lse", "query tokens x query_heads");
+}
+
+/// merge_states: outputs [states][rows][head_dim], lse [states][rows], merged [rows][head_dim], merged_lse [rows].
+inline void check_merge(int states, int rows, int head_dim, std::size_t outputs, std::size_t lse, std::size_t merged,
+                        bool with_merged_lse, std::size_t merged_lse_size) {
+    require(states >= 0, error_code::invalid_argument, "merge states = ", states, " is negative");
+    require(rows >= 0, error_code::invalid_argument, "merge rows = ", rows, " is negative");
+    require(head_dim > 0 && head_dim % 8 == 0, error_code::invalid_argument, "merge head_dim = ", head_dim,
+            " must be a positive multiple of 8");
+    require_elements(outputs, std::int64_t(states) * rows, head_dim, "outputs", "states x rows x head_dim");
+    require_elements(lse, std::int64_t(states) * rows, 1, "lse", "states x rows");
+    require_elements(merged, rows, head_dim, "merged", "rows x head_dim");
+    if (with_merged_lse) require_elements(merged_lse_size, rows, 1, "merged_lse", "rows");
+}
+
+}  // namespace detail
+}  // namespace kvcache

@@ -3,8 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "cache_test_support.hpp"
 #include "kvcache/cache.hpp"
@@ -252,4 +254,45 @@ TEST_CASE_TEMPLATE("files: round trip through a file for every layout", Element,
     CHECK(snapshot(roomy) == snapshot(dynamic));
     std::remove(path.c_str());
     check_fails(__LINE__, roomy, kvcache::error_code::io_error, {"cannot open"}, [&] { roomy.load_file(path); });
+}
+
+TEST_CASE_TEMPLATE("files: bytes after the checksum are refused, the whole rest of the stream is the file", Element,
+                   float, kvcache::half) {
+    kvcache::paged_cache<Element, heads> source(2, 16, 4);
+    append_all_layers(source, source.add_sequence(), 6, 1);
+    std::ostringstream out;
+    source.save(out);
+    const std::string file = out.str();
+    kvcache::paged_cache<Element, heads> target(2, 16, 4);
+    append_all_layers(target, target.add_sequence(), 5, 3);
+    using E = kvcache::error_code;
+    auto load = [&](const std::string& bytes) {
+        std::istringstream in(bytes);
+        return target.load(in);
+    };
+    check_fails(__LINE__, target, E::format_error, {"3 bytes follow the checksum"}, [&] { load(file + "abc"); });
+    check_fails(__LINE__, target, E::format_error, {"1 bytes follow the checksum"},
+                [&] { load(file + std::string(1, '\0')); });
+    // Two files back to back are not one file.
+    const std::string twice = std::to_string(file.size()) + " bytes follow the checksum";
+    check_fails(__LINE__, target, E::format_error, {twice.c_str()}, [&] { load(file + file); });
+    // A stream positioned past other data: the file is what remains.
+    std::istringstream embedded("prefix" + file);
+    embedded.seekg(6);
+    CHECK(target.load(embedded).size() == 1);
+    std::istringstream followed("prefix" + file + "suffix");
+    followed.seekg(6);
+    check_fails(__LINE__, target, E::format_error, {"6 bytes follow the checksum"}, [&] { target.load(followed); });
+    // A stream that cannot seek (as a pipe) is held to the same rule.
+    struct forward_only : std::streambuf {
+        explicit forward_only(std::string bytes) : bytes_(std::move(bytes)) {
+            setg(bytes_.data(), bytes_.data(), bytes_.data() + bytes_.size());
+        }
+        std::string bytes_;
+    };
+    forward_only pipe_ok(file), pipe_long(file + "xy");
+    std::istream piped_ok(&pipe_ok), piped_long(&pipe_long);
+    REQUIRE(piped_ok.tellg() == std::istream::pos_type(-1));
+    CHECK(target.load(piped_ok).size() == 1);
+    check_fails(__LINE__, target, E::format_error, {"2 bytes follow the checksum"}, [&] { target.load(piped_long); });
 }

@@ -7,7 +7,8 @@
 //                 i32 tokens, i32 token_ids[tokens],
 //                 per layer: keys [present][kv_head][head_dim], values likewise
 //   u64 checksum: FNV-1a over every byte before it
-// Little-endian, native element bits (fp32 or binary16).
+// Little-endian, native element bits (fp32 or binary16). A load reads from
+// the stream's position to its end: that is the file, nothing may follow.
 #pragma once
 
 #include <algorithm>
@@ -420,6 +421,11 @@ file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type s
     const std::uint64_t stored = first.stored_checksum();
     require(stored == first.hash(), error_code::format_error, "checksum ", stored, " does not match contents (",
             first.hash(), ")");
+    // The checksum covers the file, so the file must be all the stream holds:
+    // anything after it would be accepted unverified.
+    require(first.unread() == 0, error_code::format_error, first.unread(),
+            " bytes follow the checksum (the file ends at offset ", first.offset(), " of the ", size,
+            " bytes left in the stream; a load takes the whole rest of the stream as one file)");
 
     // Second pass: into arrays sized exactly by the first, so a load holds
     // no more than the file's bytes.

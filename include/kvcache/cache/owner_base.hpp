@@ -120,10 +120,14 @@ public:
         auto out = open_for_save(path);
         save(out, ids);
     }
-    /// load(stream) from a file.
+    /// load(stream) from a file; errors name the path.
     std::vector<sequence_id> load_file(const std::string& path) {
         auto in = open_for_load(path);
-        return load(in);
+        try {
+            return load(in);
+        } catch (const error& e) {
+            rethrow_for_file(e, path);
+        }
     }
 
 protected:

@@ -193,6 +193,34 @@ inline const char* element_name(std::uint32_t v) noexcept {
     return v <= 1 ? to_string(static_cast<element_kind>(v)) : "unknown";
 }
 
+/// What layout parameter i of a header means for that layout.
+inline const char* parameter_name(layout_kind layout, int i) noexcept {
+    static constexpr const char* paged[3] = {"page_size", "unused parameter 1", "unused parameter 2"};
+    static constexpr const char* sliding[3] = {"sinks", "ring", "window"};
+    static constexpr const char* contiguous[3] = {"unused parameter 0", "unused parameter 1", "unused parameter 2"};
+    return layout == layout_kind::paged ? paged[i] : layout == layout_kind::sliding_window ? sliding[i] : contiguous[i];
+}
+
+/// A header's layout parameters as the owner's constructor takes them, e.g.
+/// "window 16, sinks 2, max_chunk 4, ring 19" (the ring is what is stored).
+inline std::string describe_parameters(layout_kind layout, const int (&p)[3]) {
+    if (layout == layout_kind::sliding_window)
+        return detail::concat("window ", p[2], ", sinks ", p[0], ", max_chunk ", std::int64_t(p[1]) - p[2] + 1,
+                              ", ring ", p[1]);
+    if (layout == layout_kind::paged && p[1] == 0 && p[2] == 0) return detail::concat("page_size ", p[0]);
+    std::string out;
+    for (int i = 0; i < 3; ++i) out += detail::concat(i ? ", " : "", parameter_name(layout, i), " ", p[i]);
+    return out;
+}
+
+/// Rethrows e with the path of the file it came from in front of its message.
+[[noreturn]] inline void rethrow_for_file(const error& e, const std::string& path) {
+    std::string message = e.what();
+    const std::string prefix = std::string("kvcache: ") + to_string(e.code()) + ": ";
+    if (message.compare(0, prefix.size(), prefix) == 0) message.erase(0, prefix.size());
+    throw_error(e.code(), "loading '", path, "': ", message);
+}
+
 /// The records of a loaded file, stored compactly: no more memory than the
 /// file's own bytes (per record three ints, then its positions, token ids
 /// and rows as the file holds them).
@@ -303,13 +331,15 @@ inline std::uint32_t read_header(checked_reader& r, const file_header& expected)
     require(version == file_version, error_code::format_error, "file format version ", version,
             " is not supported (this build reads version ", file_version, ")");
     const auto layout = r.value<std::uint32_t>();
-    require(layout == static_cast<std::uint32_t>(expected.layout), error_code::format_error, "file layout ", layout,
-            " does not match the cache's layout ", static_cast<int>(expected.layout), " (", to_string(expected.layout),
-            ")");
+    const auto cache_layout = static_cast<std::uint32_t>(expected.layout);
+    require(layout == cache_layout, error_code::format_error, "file was saved by a ", layout_name(layout),
+            " cache (layout kind ", layout, "), this is a ", layout_name(cache_layout), " cache (layout kind ",
+            cache_layout, ")");
     const auto element = r.value<std::uint32_t>();
-    require(element == static_cast<std::uint32_t>(expected.element), error_code::format_error, "file element kind ",
-            element, " does not match the cache's ", static_cast<int>(expected.element), " (",
-            to_string(expected.element), ")");
+    const auto cache_element = static_cast<std::uint32_t>(expected.element);
+    require(element == cache_element, error_code::format_error, "file holds ", element_name(element),
+            " elements (element kind ", element, "), the cache stores ", element_name(cache_element),
+            " (element kind ", cache_element, ")");
     head_shape heads;
     heads.query_heads = r.value<std::int32_t>();
     heads.kv_heads = r.value<std::int32_t>();
@@ -319,10 +349,17 @@ inline std::uint32_t read_header(checked_reader& r, const file_header& expected)
     const int layers = r.value<std::int32_t>();
     require(layers == expected.layers, error_code::format_error, "file has ", layers,
             " layers, the cache has ", expected.layers);
-    for (int i = 0; i < 3; ++i) {
-        const int p = r.value<std::int32_t>();
-        require(p == expected.parameters[i], error_code::format_error, "file layout parameter ", i, " = ", p,
-                " does not match the cache's ", expected.parameters[i]);
+    int parameters[3];
+    for (int& p : parameters) p = r.value<std::int32_t>();
+    if (!std::equal(parameters, parameters + 3, expected.parameters)) {
+        std::string differing;
+        for (int i = 0; i < 3; ++i)
+            if (parameters[i] != expected.parameters[i])
+                differing += detail::concat(differing.empty() ? "" : ", ", parameter_name(expected.layout, i), " ",
+                                            parameters[i], " vs ", expected.parameters[i]);
+        throw_error(error_code::format_error, "file's ", to_string(expected.layout), " parameters ",
+                    describe_parameters(expected.layout, parameters), " do not match the cache's ",
+                    describe_parameters(expected.layout, expected.parameters), " (differing: ", differing, ")");
     }
     const auto sequences = r.value<std::uint32_t>();
     require(sequences * min_record_bytes <= r.payload_left(), error_code::format_error,

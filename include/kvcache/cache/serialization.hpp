@@ -44,8 +44,8 @@ struct file_header {
     std::uint32_t sequences = 0;
 };
 
-/// One saved sequence: its length, present positions, known token ids and
-/// rows, per layer [present][kv_head][head_dim].
+/// One sequence to save: its length, present positions, known token ids and
+/// rows, per layer [present][kv_head][head_dim]. (Loads use file_records.)
 /// @tparam Element stored element type
 template <class Element>
 struct sequence_record {

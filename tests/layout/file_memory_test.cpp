@@ -189,6 +189,22 @@ TEST_CASE("many empty records and one long one: a dynamic cache grows at most by
             cache.bytes_reserved(), " bytes");
 }
 
+TEST_CASE("a small file may still take a dynamic cache one doubling further") {
+    // One short sequence into a full cache of long slots: the new slot costs far
+    // more than 16x the file, but no more than the reservation already made.
+    kvcache::dynamic_cache<float, heads> cache(1, 1, 4096);
+    const auto a = cache.add_sequence();
+    test_support::append_all_layers(cache, a, 1, 1);
+    std::stringstream file;
+    cache.save(file, {a});
+    const std::size_t before = cache.bytes_reserved();
+    REQUIRE(before > 16 * file.str().size());
+    const auto ids = cache.load(file);
+    REQUIRE(ids.size() == 1);
+    CHECK(cache.slot_count() == 2);
+    CHECK(cache.bytes_reserved() == 2 * before);
+}
+
 TEST_CASE("a header claiming huge counts with few bytes is refused before allocating") {
     kvcache::paged_cache<float, heads> cache(1, 8, 4);
     const auto a = cache.add_sequence();

@@ -3,8 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "cache_test_support.hpp"
 #include "kvcache/cache.hpp"
@@ -182,12 +184,12 @@ TEST_CASE_TEMPLATE("files: magic, version, configuration, checksum, truncation",
         load(bytes);
     });
     check_fails(__LINE__, target, E::format_error, {"version 7"}, [&] { load(patched(8, 7)); });
-    check_fails(__LINE__, target, E::format_error, {"layout 0", "paged"}, [&] { load(patched(12, 0)); });
+    check_fails(__LINE__, target, E::format_error, {"saved by a contiguous cache", "this is a paged cache"}, [&] { load(patched(12, 0)); });
     const std::uint32_t other_element = kvcache::element_traits<Element>::kind == kvcache::element_kind::fp32 ? 1 : 0;
     check_fails(__LINE__, target, E::format_error, {"element kind"}, [&] { load(patched(16, other_element)); });
     check_fails(__LINE__, target, E::format_error, {"8q/2kv/d8", "4q/2kv/d8"}, [&] { load(patched(20, 8)); });
     check_fails(__LINE__, target, E::format_error, {"3 layers", "has 2"}, [&] { load(patched(32, 3)); });
-    check_fails(__LINE__, target, E::format_error, {"parameter 0 = 8", "cache's 4"}, [&] { load(patched(36, 8)); });
+    check_fails(__LINE__, target, E::format_error, {"page_size 8", "page_size 4"}, [&] { load(patched(36, 8)); });
     // A flipped data byte (past the header) only the checksum can see.
     check_fails(__LINE__, target, E::format_error, {"checksum"}, [&] {
         std::string bytes = file;
@@ -201,7 +203,7 @@ TEST_CASE_TEMPLATE("files: magic, version, configuration, checksum, truncation",
     }
     // Other caches: other layout, other element type, other heads.
     kvcache::static_cache<Element, heads> contiguous(2, 4, 16);
-    check_fails(__LINE__, contiguous, E::format_error, {"layout 1"}, [&] {
+    check_fails(__LINE__, contiguous, E::format_error, {"saved by a paged cache", "this is a contiguous cache"}, [&] {
         std::istringstream in(file);
         contiguous.load(in);
     });
@@ -238,7 +240,7 @@ TEST_CASE_TEMPLATE("files: round trip through a file for every layout", Element,
     CHECK(snapshot(loaded) == snapshot(window));
     // A window of another size is another configuration.
     kvcache::sliding_window_cache<Element, heads> other(2, 2, 4, 1, 2);
-    check_fails(__LINE__, other, kvcache::error_code::format_error, {"parameter 1"}, [&] { other.load_file(path); });
+    check_fails(__LINE__, other, kvcache::error_code::format_error, {"window 3", "window 4"}, [&] { other.load_file(path); });
 
     kvcache::dynamic_cache<Element, heads> dynamic(2, 1, 2);
     const auto d = dynamic.add_sequence();
@@ -252,4 +254,94 @@ TEST_CASE_TEMPLATE("files: round trip through a file for every layout", Element,
     CHECK(snapshot(roomy) == snapshot(dynamic));
     std::remove(path.c_str());
     check_fails(__LINE__, roomy, kvcache::error_code::io_error, {"cannot open"}, [&] { roomy.load_file(path); });
+}
+
+TEST_CASE_TEMPLATE("files: bytes after the checksum are refused, the whole rest of the stream is the file", Element,
+                   float, kvcache::half) {
+    kvcache::paged_cache<Element, heads> source(2, 16, 4);
+    append_all_layers(source, source.add_sequence(), 6, 1);
+    std::ostringstream out;
+    source.save(out);
+    const std::string file = out.str();
+    kvcache::paged_cache<Element, heads> target(2, 16, 4);
+    append_all_layers(target, target.add_sequence(), 5, 3);
+    using E = kvcache::error_code;
+    auto load = [&](const std::string& bytes) {
+        std::istringstream in(bytes);
+        return target.load(in);
+    };
+    check_fails(__LINE__, target, E::format_error, {"3 bytes follow the checksum"}, [&] { load(file + "abc"); });
+    check_fails(__LINE__, target, E::format_error, {"1 bytes follow the checksum"},
+                [&] { load(file + std::string(1, '\0')); });
+    // Two files back to back are not one file.
+    const std::string twice = std::to_string(file.size()) + " bytes follow the checksum";
+    check_fails(__LINE__, target, E::format_error, {twice.c_str()}, [&] { load(file + file); });
+    // A stream positioned past other data: the file is what remains.
+    std::istringstream embedded("prefix" + file);
+    embedded.seekg(6);
+    CHECK(target.load(embedded).size() == 1);
+    std::istringstream followed("prefix" + file + "suffix");
+    followed.seekg(6);
+    check_fails(__LINE__, target, E::format_error, {"6 bytes follow the checksum"}, [&] { target.load(followed); });
+    // A stream that cannot seek (as a pipe) is held to the same rule.
+    struct forward_only : std::streambuf {
+        explicit forward_only(std::string bytes) : bytes_(std::move(bytes)) {
+            setg(bytes_.data(), bytes_.data(), bytes_.data() + bytes_.size());
+        }
+        std::string bytes_;
+    };
+    forward_only pipe_ok(file), pipe_long(file + "xy");
+    std::istream piped_ok(&pipe_ok), piped_long(&pipe_long);
+    REQUIRE(piped_ok.tellg() == std::istream::pos_type(-1));
+    CHECK(target.load(piped_ok).size() == 1);
+    check_fails(__LINE__, target, E::format_error, {"2 bytes follow the checksum"}, [&] { target.load(piped_long); });
+}
+
+TEST_CASE_TEMPLATE("files: configuration mismatches name the parameters and both values", Element, float,
+                   kvcache::half) {
+    using E = kvcache::error_code;
+    auto saved = [](const auto& cache) {
+        std::ostringstream out;
+        cache.save(out);
+        return out.str();
+    };
+    auto loading = [](auto& cache, const std::string& bytes) {
+        return [&cache, bytes] {
+            std::istringstream in(bytes);
+            cache.load(in);
+        };
+    };
+    // window 16 -> ring 19 vs window 8 -> ring 11, same sinks and max_chunk.
+    kvcache::sliding_window_cache<Element, heads> w16(1, 1, 16, 2, 4), w8(1, 1, 8, 2, 4);
+    check_fails(__LINE__, w8, E::format_error, {"sliding_window", "window 16", "window 8", "ring 19", "ring 11"},
+                loading(w8, saved(w16)));
+    kvcache::sliding_window_cache<Element, heads> sinks1(1, 1, 8, 1, 4);
+    check_fails(__LINE__, w8, E::format_error, {"sinks 1", "sinks 2"}, loading(w8, saved(sinks1)));
+    kvcache::sliding_window_cache<Element, heads> chunk2(1, 1, 8, 2, 2);
+    check_fails(__LINE__, w8, E::format_error, {"max_chunk 2", "max_chunk 4", "ring 9", "ring 11"},
+                loading(w8, saved(chunk2)));
+    kvcache::paged_cache<Element, heads> page8(1, 4, 8), page4(1, 4, 4);
+    check_fails(__LINE__, page4, E::format_error, {"page_size 8", "page_size 4"}, loading(page4, saved(page8)));
+    // Kinds by name, with the file's value and the cache's.
+    kvcache::static_cache<Element, heads> contiguous(1, 2, 8);
+    check_fails(__LINE__, page4, E::format_error, {"contiguous", "paged"}, loading(page4, saved(contiguous)));
+    check_fails(__LINE__, contiguous, E::format_error, {"sliding_window", "contiguous"}, loading(contiguous, saved(w8)));
+    using other = std::conditional_t<std::is_same_v<Element, float>, kvcache::half, float>;
+    kvcache::paged_cache<other, heads> other_page4(1, 4, 4);
+    const char* mine = std::is_same_v<Element, float> ? "fp32" : "fp16";
+    const char* theirs = std::is_same_v<Element, float> ? "fp16" : "fp32";
+    check_fails(__LINE__, page4, E::format_error, {mine, theirs}, loading(page4, saved(other_page4)));
+    // Values no build knows are printed as numbers, marked unknown.
+    std::string bytes = saved(page4);
+    const std::uint32_t nine = 9;
+    std::memcpy(&bytes[12], &nine, 4);
+    check_fails(__LINE__, page4, E::format_error, {"9", "unknown", "paged"}, loading(page4, bytes));
+    std::memcpy(&bytes[12], "\1\0\0\0", 4);
+    std::memcpy(&bytes[16], &nine, 4);
+    check_fails(__LINE__, page4, E::format_error, {"9", "unknown", mine}, loading(page4, bytes));
+    // load_file names the path.
+    const std::string path = "kvcache_layout_mismatch_test.bin";
+    w16.save_file(path);
+    check_fails(__LINE__, w8, E::format_error, {path.c_str(), "window 16", "window 8"}, [&] { w8.load_file(path); });
+    std::remove(path.c_str());
 }

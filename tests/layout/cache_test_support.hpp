@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,6 +48,59 @@ std::string snapshot(const Cache& cache) {
             for (int p : cache.pages(id)) out << ";" << p << "x" << cache.page_references(p);
     }
     return out.str();
+}
+
+/// Cache files written by hand from the format in docs/layouts.md (not with
+/// the library's writer), so tests can make files no owner would save.
+class file_builder {
+public:
+    /// Starts a file: layout and element kinds as their enum values, heads,
+    /// layers, the three layout parameters and the sequence count.
+    file_builder(std::uint32_t layout, std::uint32_t element, int query_heads, int kv_heads, int head_dim, int layers,
+                 int p0, int p1, int p2, std::uint32_t sequences)
+        : layers_(layers), row_bytes_(std::size_t(kv_heads) * head_dim * (element == 0 ? 4 : 2)) {
+        bytes_.append("KVCACHE", 8);  // seven letters and the terminating NUL
+        put<std::uint32_t>(1);
+        put(layout);
+        put(element);
+        for (int v : {query_heads, kv_heads, head_dim, layers, p0, p1, p2}) put<std::int32_t>(v);
+        put(sequences);
+    }
+    /// A record with these positions, no token ids and rows of a repeating byte.
+    void record(int length, const std::vector<int>& positions) {
+        put<std::int32_t>(length);
+        put<std::int32_t>(static_cast<std::int32_t>(positions.size()));
+        for (int p : positions) put<std::int32_t>(p);
+        put<std::int32_t>(0);
+        bytes_.append(positions.size() * layers_ * 2 * row_bytes_, '\x3c');
+    }
+    /// An empty record: length 0, nothing present, no token ids (12 bytes).
+    void empty_record() { record(0, {}); }
+    /// Raw 32-bit values, for records that lie about their sizes.
+    template <class T>
+    void put(T v) {
+        bytes_.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+    /// The bytes so far followed by their FNV-1a 64 checksum.
+    std::string finish() const {
+        std::uint64_t hash = 14695981039346656037ull;
+        for (unsigned char c : bytes_) hash = (hash ^ c) * 1099511628211ull;
+        std::string out = bytes_;
+        out.append(reinterpret_cast<const char*>(&hash), sizeof hash);
+        return out;
+    }
+
+private:
+    std::string bytes_;
+    int layers_;
+    std::size_t row_bytes_;
+};
+
+/// Positions 0..n-1.
+inline std::vector<int> iota(int n) {
+    std::vector<int> out(n);
+    for (int i = 0; i < n; ++i) out[i] = i;
+    return out;
 }
 
 }  // namespace test_support

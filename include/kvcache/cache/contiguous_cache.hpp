@@ -192,31 +192,50 @@ private:
         store_ = std::move(grown);
     }
 
-    std::vector<sequence_id> restore(const std::vector<detail::sequence_record<Element>>& records) {
+    std::vector<sequence_id> restore(const detail::file_records<Element>& records) {
         int longest = 0;
+        std::size_t index = 0;
         for (const auto& r : records) {
-            require(static_cast<int>(r.positions.size()) == r.length, error_code::format_error,
-                    "a contiguous record of length ", r.length, " must hold every position, it holds ",
-                    r.positions.size());
+            require(r.present() == r.length, error_code::format_error, "sequence ", index, " of ", records.size(),
+                    ": a contiguous record of length ", r.length, " must hold every position, it holds ",
+                    r.present());
             longest = std::max(longest, r.length);
+            ++index;
         }
-        const int slots_needed = static_cast<int>(records.size());
-        const int free = static_cast<int>(free_slots_.size());
+        const std::size_t free = free_slots_.size();
         if (growth_ == contiguous_growth::fixed) {
-            require(slots_needed <= free, error_code::capacity_exceeded, "loading ", slots_needed,
+            require(records.size() <= free, error_code::capacity_exceeded, "loading ", records.size(),
                     " sequences needs as many slots, ", free, " are free");
             require(longest <= capacity(), error_code::capacity_exceeded, "saved length ", longest,
                     " exceeds the slot capacity ", capacity());
-        } else if (slots_needed > free || longest > capacity()) {
-            regrow(std::max(slot_count(), static_cast<int>(sequences_.size()) + slots_needed),
-                   std::max(capacity(), longest));
+        } else if (records.size() > free || longest > capacity()) {
+            const std::size_t slots = std::max<std::size_t>(slot_count(), sequences_.size() + records.size());
+            require(slots <= 0x7fffffff, error_code::capacity_exceeded, "loading ", records.size(),
+                    " sequences would need ", slots, " slots, more than an int counts");
+            const int rows = std::max(capacity(), longest);
+            // Every slot gets the longest record's rows: bound that by what the
+            // file's bytes justify, or one file of many empty records and one
+            // long one could make us reserve records x longest.
+            const std::size_t position_bytes = std::size_t(layers()) * 2 * Heads::kv_heads * Heads::head_dim * sizeof(Element);
+            const long double wanted = static_cast<long double>(slots) * rows * position_bytes;
+            const std::uint64_t reserved = bytes_reserved();
+            const std::uint64_t allowance = std::max<std::uint64_t>(reserved, detail::load_growth_factor * records.file_bytes());
+            require(wanted <= static_cast<long double>(reserved) + allowance, error_code::capacity_exceeded,
+                    "loading ", records.size(), " sequences (longest ", longest, ") would grow the dynamic cache to ",
+                    slots, " slots x ", rows, " positions = ", static_cast<std::uint64_t>(wanted),
+                    " bytes from ", reserved, "; a load may add at most max(the current reservation, ",
+                    detail::load_growth_factor, " x the file's ", records.file_bytes(), " bytes) = ", allowance,
+                    " bytes (make the cache with more slots or length first, or use a paged_cache)");
+            regrow(static_cast<int>(slots), rows);
         }
         std::vector<sequence_id> ids;
+        ids.reserve(records.size());
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);
             begin_append(id, r.length);
-            for (int l = 0; l < layers(); ++l) write(id, l, 0, r.keys[l], r.values[l], r.length);
+            for (int l = 0; l < layers(); ++l)
+                write(id, l, 0, span<const Element>(r.keys(l), r.plane), span<const Element>(r.values(l), r.plane), r.length);
         }
         return ids;
     }

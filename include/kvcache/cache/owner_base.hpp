@@ -102,11 +102,12 @@ public:
     }
 
     /// Loads every sequence of a saved file as new sequences and returns their
-    /// ids in file order. The whole file is read and checked (magic, version,
-    /// configuration, checksum) before the cache changes; on any error the
-    /// cache is unchanged.
+    /// ids in file order. The file is the rest of the stream; it is checked
+    /// whole (magic, version, configuration, every count against the bytes
+    /// present, checksum) before anything large is allocated, and the cache
+    /// changes only once it is known to fit; on any error the cache is unchanged.
     std::vector<sequence_id> load(std::istream& in) {
-        auto records = read_file<Element>(in, derived().header());
+        const auto records = read_file<Element>(in, derived().header());
         return derived().restore(records);
     }
 
@@ -120,10 +121,14 @@ public:
         auto out = open_for_save(path);
         save(out, ids);
     }
-    /// load(stream) from a file.
+    /// load(stream) from a file; errors name the path.
     std::vector<sequence_id> load_file(const std::string& path) {
         auto in = open_for_load(path);
-        return load(in);
+        try {
+            return load(in);
+        } catch (const error& e) {
+            rethrow_for_file(e, path);
+        }
     }
 
 protected:
@@ -161,9 +166,10 @@ protected:
         for (int i = 0; i < length; ++i) out[i] = i;
         return out;
     }
-    /// Calls f(i, j) for each maximal [i, j) of ascending positions that are consecutive.
-    template <class F>
-    static void for_each_position_run(const std::vector<int>& positions, F&& f) {
+    /// Calls f(i, j) for each maximal [i, j) of ascending positions that are
+    /// consecutive (a std::vector or a span).
+    template <class Positions, class F>
+    static void for_each_position_run(const Positions& positions, F&& f) {
         std::size_t i = 0;
         while (i < positions.size()) {
             std::size_t j = i + 1;

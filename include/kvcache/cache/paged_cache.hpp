@@ -338,23 +338,25 @@ private:
         return h;
     }
 
-    std::vector<sequence_id> restore(const std::vector<detail::sequence_record<Element>>& records) {
-        std::size_t needed = 0;
+    std::vector<sequence_id> restore(const detail::file_records<Element>& records) {
+        std::size_t needed = 0, index = 0;
         for (const auto& r : records) {
-            require(static_cast<int>(r.positions.size()) == r.length, error_code::format_error,
-                    "a paged record of length ", r.length, " must hold every position, it holds ",
-                    r.positions.size());
+            require(r.present() == r.length, error_code::format_error, "sequence ", index, " of ", records.size(),
+                    ": a paged record of length ", r.length, " must hold every position, it holds ", r.present());
             needed += pages_for(r.length);
+            ++index;
         }
         require(needed <= std::size_t(pool_.available()), error_code::capacity_exceeded, "loading needs ", needed,
                 " pages; the pool of ", pool_.size(), " has ", pool_.free_count(), " free and ",
                 pool_.evictable_count(), " evictable");
         std::vector<sequence_id> ids;
+        ids.reserve(records.size());
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);
             append_positions(id, r.length, r.tokens.data(), static_cast<int>(r.tokens.size()));
-            for (int l = 0; l < layers_; ++l) write(id, l, 0, r.keys[l], r.values[l], r.length);
+            for (int l = 0; l < layers_; ++l)
+                write(id, l, 0, span<const Element>(r.keys(l), r.plane), span<const Element>(r.values(l), r.plane), r.length);
             publish(id);
         }
         return ids;

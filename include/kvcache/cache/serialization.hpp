@@ -7,20 +7,25 @@
 //                 i32 tokens, i32 token_ids[tokens],
 //                 per layer: keys [present][kv_head][head_dim], values likewise
 //   u64 checksum: FNV-1a over every byte before it
-// Little-endian, native element bits (fp32 or binary16).
+// Little-endian, native element bits (fp32 or binary16). A load reads from
+// the stream's position to its end: that is the file, nothing may follow.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <istream>
 #include <ostream>
+#include <streambuf>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/core/span.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache {
@@ -39,8 +44,8 @@ struct file_header {
     std::uint32_t sequences = 0;
 };
 
-/// One saved sequence: its length, present positions, known token ids and
-/// rows, per layer [present][kv_head][head_dim].
+/// One sequence to save: its length, present positions, known token ids and
+/// rows, per layer [present][kv_head][head_dim]. (Loads use file_records.)
 /// @tparam Element stored element type
 template <class Element>
 struct sequence_record {
@@ -81,18 +86,76 @@ private:
     std::uint64_t hash_ = fnv1a_seed;
 };
 
-/// Reads bytes, keeps the running checksum, and reports a short file by value.
+/// Bytes of the fixed header, and of the smallest record (length, present,
+/// tokens: three i32).
+inline constexpr std::uint64_t file_header_bytes = 52;
+inline constexpr std::uint64_t min_record_bytes = 12;
+inline constexpr std::uint64_t checksum_bytes = 8;
+
+/// A dynamic_cache may grow by a load to at most its current reservation
+/// plus max(that reservation, load_growth_factor x the file's bytes): a small
+/// file must not make a contiguous cache reserve slots x its longest record.
+inline constexpr std::uint64_t load_growth_factor = 16;
+
+/// A read-only, seekable stream buffer over bytes this reader owns: the
+/// fallback for streams that cannot seek (a file is read twice).
+class owned_bytes_buffer : public std::streambuf {
+public:
+    explicit owned_bytes_buffer(std::string bytes) : bytes_(std::move(bytes)) {
+        char* begin = bytes_.data();
+        setg(begin, begin, begin + bytes_.size());
+    }
+
+protected:
+    pos_type seekoff(off_type off, std::ios_base::seekdir dir, std::ios_base::openmode) override {
+        const off_type base = dir == std::ios_base::beg ? 0 : dir == std::ios_base::cur ? gptr() - eback()
+                                                                                         : egptr() - eback();
+        return seekpos(pos_type(base + off), std::ios_base::in);
+    }
+    pos_type seekpos(pos_type pos, std::ios_base::openmode) override {
+        const off_type at = off_type(pos);
+        if (at < 0 || at > egptr() - eback()) return pos_type(off_type(-1));
+        setg(eback(), eback() + at, egptr());
+        return pos;
+    }
+
+private:
+    std::string bytes_;
+};
+
+/// Reads a stream whose size is known, keeping the running checksum, so
+/// every count can be checked against the bytes that remain before anything
+/// is allocated for it.
 class checked_reader {
 public:
-    explicit checked_reader(std::istream& in) : in_(in) {}
+    checked_reader(std::istream& in, std::uint64_t size) : in_(in), size_(size) {}
+
+    std::uint64_t offset() const noexcept { return offset_; }
+    /// Bytes left before the checksum (0 once inside it).
+    std::uint64_t payload_left() const noexcept {
+        return size_ - offset_ > checksum_bytes ? size_ - offset_ - checksum_bytes : 0;
+    }
+    std::uint64_t hash() const noexcept { return hash_; }
+
     void bytes(void* data, std::size_t n) {
-        in_.read(static_cast<char*>(data), static_cast<std::streamsize>(n));
-        const auto got = static_cast<std::size_t>(in_.gcount());
-        if (got != n)
+        if (n > size_ - offset_)
             throw_error(error_code::format_error, "file truncated: needed ", n, " bytes at offset ", offset_,
-                        ", only ", got, " left");
+                        ", only ", size_ - offset_, " left");
+        in_.read(static_cast<char*>(data), static_cast<std::streamsize>(n));
+        if (static_cast<std::size_t>(in_.gcount()) != n)
+            throw_error(error_code::io_error, "the stream ended at offset ", offset_ + in_.gcount(),
+                        " although it reported ", size_, " bytes (was the file changed while loading?)");
         hash_ = fnv1a(hash_, data, n);
         offset_ += n;
+    }
+    /// Reads n bytes through a fixed buffer, hashing them, keeping none.
+    void skip(std::uint64_t n) {
+        char buffer[16384];
+        while (n > 0) {
+            const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n, sizeof buffer));
+            bytes(buffer, chunk);
+            n -= chunk;
+        }
     }
     template <class T>
     T value() {
@@ -100,28 +163,130 @@ public:
         bytes(&v, sizeof v);
         return v;
     }
-    /// A count in [0, limit]; format_error naming both otherwise.
-    int count(const char* what, long long limit) {
-        const auto v = value<std::int32_t>();
-        if (v < 0 || v > limit)
-            throw_error(error_code::format_error, what, " = ", v, " at offset ", offset_ - 4, " is outside [0, ",
-                        limit, "]");
-        return v;
-    }
-    void finish() {
-        const std::uint64_t expected = hash_;
+    /// Reads the stored checksum (not hashed) and returns it.
+    std::uint64_t stored_checksum() {
+        if (size_ - offset_ < checksum_bytes)
+            throw_error(error_code::format_error, "file truncated: checksum missing at offset ", offset_, " (",
+                        size_ - offset_, " of its 8 bytes present)");
         std::uint64_t stored = 0;
-        in_.read(reinterpret_cast<char*>(&stored), sizeof stored);
-        if (static_cast<std::size_t>(in_.gcount()) != sizeof stored)
-            throw_error(error_code::format_error, "file truncated: checksum missing at offset ", offset_);
-        if (stored != expected)
-            throw_error(error_code::format_error, "checksum ", stored, " does not match contents (", expected, ")");
+        const std::uint64_t hash = hash_;
+        bytes(&stored, sizeof stored);
+        hash_ = hash;
+        return stored;
     }
+    /// Bytes of the stream after what has been read.
+    std::uint64_t unread() const noexcept { return size_ - offset_; }
 
 private:
     std::istream& in_;
+    std::uint64_t size_;
     std::uint64_t hash_ = fnv1a_seed;
-    std::size_t offset_ = 0;
+    std::uint64_t offset_ = 0;
+};
+
+/// The name of a stored layout kind; "unknown" for values no build writes.
+inline const char* layout_name(std::uint32_t v) noexcept {
+    return v <= 2 ? to_string(static_cast<layout_kind>(v)) : "unknown";
+}
+/// The name of a stored element kind; "unknown" for values no build writes.
+inline const char* element_name(std::uint32_t v) noexcept {
+    return v <= 1 ? to_string(static_cast<element_kind>(v)) : "unknown";
+}
+
+/// What layout parameter i of a header means for that layout.
+inline const char* parameter_name(layout_kind layout, int i) noexcept {
+    static constexpr const char* paged[3] = {"page_size", "unused parameter 1", "unused parameter 2"};
+    static constexpr const char* sliding[3] = {"sinks", "ring", "window"};
+    static constexpr const char* contiguous[3] = {"unused parameter 0", "unused parameter 1", "unused parameter 2"};
+    return layout == layout_kind::paged ? paged[i] : layout == layout_kind::sliding_window ? sliding[i] : contiguous[i];
+}
+
+/// A header's layout parameters as the owner's constructor takes them, e.g.
+/// "window 16, sinks 2, max_chunk 4, ring 19" (the ring is what is stored).
+inline std::string describe_parameters(layout_kind layout, const int (&p)[3]) {
+    if (layout == layout_kind::sliding_window)
+        return detail::concat("window ", p[2], ", sinks ", p[0], ", max_chunk ", std::int64_t(p[1]) - p[2] + 1,
+                              ", ring ", p[1]);
+    if (layout == layout_kind::paged && p[1] == 0 && p[2] == 0) return detail::concat("page_size ", p[0]);
+    std::string out;
+    for (int i = 0; i < 3; ++i) out += detail::concat(i ? ", " : "", parameter_name(layout, i), " ", p[i]);
+    return out;
+}
+
+/// Rethrows e with the path of the file it came from in front of its message.
+[[noreturn]] inline void rethrow_for_file(const error& e, const std::string& path) {
+    std::string message = e.what();
+    const std::string prefix = std::string("kvcache: ") + to_string(e.code()) + ": ";
+    if (message.compare(0, prefix.size(), prefix) == 0) message.erase(0, prefix.size());
+    throw_error(e.code(), "loading '", path, "': ", message);
+}
+
+/// The records of a loaded file, stored compactly: no more memory than the
+/// file's own bytes (per record three ints, then its positions, token ids
+/// and rows as the file holds them).
+/// @tparam Element stored element type
+template <class Element>
+class file_records {
+public:
+    /// One record; keys(l) and values(l) are [present][kv_head][head_dim].
+    struct record {
+        int length = 0;
+        span<const int> positions;
+        span<const std::int32_t> tokens;
+        const Element* rows = nullptr;
+        std::size_t plane = 0;  ///< elements of one layer's keys (or values)
+
+        int present() const noexcept { return static_cast<int>(positions.size()); }
+        const Element* keys(int layer) const noexcept { return rows + 2 * std::size_t(layer) * plane; }
+        const Element* values(int layer) const noexcept { return rows + (2 * std::size_t(layer) + 1) * plane; }
+    };
+
+    /// Walks the records in file order.
+    class iterator {
+    public:
+        record operator*() const {
+            const counts& c = owner_->counts_[index_];
+            record r;
+            r.length = c.length;
+            r.positions = {owner_->positions_.data() + positions_, std::size_t(c.present)};
+            r.tokens = {owner_->tokens_.data() + tokens_, std::size_t(c.tokens)};
+            r.plane = std::size_t(c.present) * owner_->row_;
+            r.rows = owner_->rows_.data() + rows_;
+            return r;
+        }
+        iterator& operator++() {
+            const counts& c = owner_->counts_[index_++];
+            positions_ += c.present;
+            tokens_ += c.tokens;
+            rows_ += 2 * std::size_t(owner_->layers_) * c.present * owner_->row_;
+            return *this;
+        }
+        bool operator!=(const iterator& other) const noexcept { return index_ != other.index_; }
+
+    private:
+        friend file_records;
+        iterator(const file_records* owner, std::size_t index) : owner_(owner), index_(index) {}
+        const file_records* owner_;
+        std::size_t index_, positions_ = 0, tokens_ = 0, rows_ = 0;
+    };
+
+    std::size_t size() const noexcept { return counts_.size(); }
+    iterator begin() const { return iterator(this, 0); }
+    iterator end() const { return iterator(this, counts_.size()); }
+    /// Bytes of the file they came from, checksum included.
+    std::uint64_t file_bytes() const noexcept { return file_bytes_; }
+
+    // Filled by read_sized_file; owners only iterate.
+    struct counts {
+        std::int32_t length, present, tokens;
+    };
+    std::vector<counts> counts_;
+    std::vector<int> positions_;
+    std::vector<std::int32_t> tokens_;
+    std::vector<Element> rows_;
+    std::size_t row_ = 0;
+    int layers_ = 0;
+    std::uint64_t file_bytes_ = 0;
 };
 
 /// Writes the header, the records and the checksum.
@@ -153,13 +318,11 @@ void write_file(std::ostream& out, const file_header& header, const std::vector<
     w.finish();
 }
 
-/// Reads a file written for a cache configured like `expected` (the
-/// parameters are compared too); every mismatch is a format_error naming the
-/// file's value and the cache's.
-/// @tparam Element stored element type
-template <class Element>
-std::vector<sequence_record<Element>> read_file(std::istream& in, const file_header& expected) {
-    checked_reader r(in);
+/// Reads the header and checks it against `expected` (the parameters are
+/// compared too); every mismatch is a format_error naming the file's value
+/// and the cache's. Returns the number of sequences, checked against the
+/// bytes left.
+inline std::uint32_t read_header(checked_reader& r, const file_header& expected) {
     char magic[8];
     r.bytes(magic, sizeof magic);
     if (std::memcmp(magic, file_magic, sizeof magic) != 0)
@@ -168,13 +331,15 @@ std::vector<sequence_record<Element>> read_file(std::istream& in, const file_hea
     require(version == file_version, error_code::format_error, "file format version ", version,
             " is not supported (this build reads version ", file_version, ")");
     const auto layout = r.value<std::uint32_t>();
-    require(layout == static_cast<std::uint32_t>(expected.layout), error_code::format_error, "file layout ", layout,
-            " does not match the cache's layout ", static_cast<int>(expected.layout), " (", to_string(expected.layout),
-            ")");
+    const auto cache_layout = static_cast<std::uint32_t>(expected.layout);
+    require(layout == cache_layout, error_code::format_error, "file was saved by a ", layout_name(layout),
+            " cache (layout kind ", layout, "), this is a ", layout_name(cache_layout), " cache (layout kind ",
+            cache_layout, ")");
     const auto element = r.value<std::uint32_t>();
-    require(element == static_cast<std::uint32_t>(expected.element), error_code::format_error, "file element kind ",
-            element, " does not match the cache's ", static_cast<int>(expected.element), " (",
-            to_string(expected.element), ")");
+    const auto cache_element = static_cast<std::uint32_t>(expected.element);
+    require(element == cache_element, error_code::format_error, "file holds ", element_name(element),
+            " elements (element kind ", element, "), the cache stores ", element_name(cache_element),
+            " (element kind ", cache_element, ")");
     head_shape heads;
     heads.query_heads = r.value<std::int32_t>();
     heads.kv_heads = r.value<std::int32_t>();
@@ -184,40 +349,169 @@ std::vector<sequence_record<Element>> read_file(std::istream& in, const file_hea
     const int layers = r.value<std::int32_t>();
     require(layers == expected.layers, error_code::format_error, "file has ", layers,
             " layers, the cache has ", expected.layers);
-    for (int i = 0; i < 3; ++i) {
-        const int p = r.value<std::int32_t>();
-        require(p == expected.parameters[i], error_code::format_error, "file layout parameter ", i, " = ", p,
-                " does not match the cache's ", expected.parameters[i]);
+    int parameters[3];
+    for (int& p : parameters) p = r.value<std::int32_t>();
+    if (!std::equal(parameters, parameters + 3, expected.parameters)) {
+        std::string differing;
+        for (int i = 0; i < 3; ++i)
+            if (parameters[i] != expected.parameters[i])
+                differing += detail::concat(differing.empty() ? "" : ", ", parameter_name(expected.layout, i), " ",
+                                            parameters[i], " vs ", expected.parameters[i]);
+        throw_error(error_code::format_error, "file's ", to_string(expected.layout), " parameters ",
+                    describe_parameters(expected.layout, parameters), " do not match the cache's ",
+                    describe_parameters(expected.layout, expected.parameters), " (differing: ", differing, ")");
     }
     const auto sequences = r.value<std::uint32_t>();
-    const std::size_t row = std::size_t(heads.kv_heads) * heads.head_dim;
-    std::vector<sequence_record<Element>> records;
-    for (std::uint32_t s = 0; s < sequences; ++s) {
-        sequence_record<Element> rec;
-        rec.length = r.count("sequence length", 0x7fffffff);
-        const int present = r.count("present positions", rec.length);
-        // Read piecewise so a corrupt count cannot make us allocate past the file.
-        for (int i = 0; i < present; ++i) {
-            const int p = r.value<std::int32_t>();
-            require(p >= 0 && p < rec.length && (i == 0 || p > rec.positions.back()), error_code::format_error,
-                    "saved position ", p, " is not ascending inside [0, ", rec.length, ")");
-            rec.positions.push_back(p);
-        }
-        const int tokens = r.count("token ids", rec.length);
-        for (int i = 0; i < tokens; ++i) rec.tokens.push_back(r.value<std::int32_t>());
-        rec.keys.resize(layers);
-        rec.values.resize(layers);
-        std::vector<Element> buffer(row);
-        for (int l = 0; l < layers; ++l)
-            for (auto* plane : {&rec.keys[l], &rec.values[l]})
-                for (int i = 0; i < present; ++i) {
-                    r.bytes(buffer.data(), row * sizeof(Element));
-                    plane->insert(plane->end(), buffer.begin(), buffer.end());
-                }
-        records.push_back(std::move(rec));
+    require(sequences * min_record_bytes <= r.payload_left(), error_code::format_error,
+            "file truncated or corrupt: the header declares ", sequences, " sequences, which take at least ",
+            sequences * min_record_bytes, " bytes, only ", r.payload_left(), " bytes remain before the checksum");
+    return sequences;
+}
+
+/// What the records of a file add up to.
+struct record_totals {
+    std::uint64_t positions = 0, tokens = 0, rows = 0;  ///< rows in elements
+    bool operator==(const record_totals& o) const noexcept {
+        return positions == o.positions && tokens == o.tokens && rows == o.rows;
     }
-    r.finish();
-    return records;
+};
+
+/// One walk over the records. Each count is checked against the bytes left
+/// before the checksum, so no claim can exceed the file. Without `into` the
+/// walk keeps nothing and sums the counts; with it, it fills arrays the first
+/// walk sized, and checks the positions.
+/// @tparam Element stored element type
+template <class Element>
+record_totals read_records(checked_reader& r, std::uint32_t sequences, int layers, std::size_t row,
+                           file_records<Element>* into) {
+    const std::uint64_t rows_per_position = 2 * std::uint64_t(layers) * row;  // elements, every layer's K and V
+    const std::uint64_t position_bytes = 4 + rows_per_position * sizeof(Element);
+    record_totals t;
+    // Only a stream changed between the walks can make the second one disagree.
+    auto room = [&](std::uint64_t used, std::uint64_t wanted, std::size_t have) {
+        require(used + wanted <= have, error_code::io_error,
+                "the stream changed between the two passes of the load (a record grew)");
+    };
+    for (std::uint32_t s = 0; s < sequences; ++s) {
+        if (r.payload_left() < min_record_bytes)
+            throw_error(error_code::format_error, "file truncated: sequence ", s, " of ", sequences,
+                        " needs at least ", min_record_bytes, " bytes at offset ", r.offset(), ", only ",
+                        r.payload_left(), " remain before the checksum");
+        const std::uint64_t at = r.offset();
+        const int length = r.value<std::int32_t>();
+        require(length >= 0, error_code::format_error, "sequence ", s, " of ", sequences, ": length ", length,
+                " at offset ", at, " is negative");
+        const int present = r.value<std::int32_t>();
+        require(present >= 0 && present <= length, error_code::format_error, "sequence ", s, " of ", sequences,
+                ": present positions = ", present, " at offset ", at + 4, " is outside [0, ", length, "]");
+        require(present * position_bytes + 4 <= r.payload_left(), error_code::format_error,
+                "file truncated: sequence ", s, " of ", sequences, " claims ", present, " present positions (",
+                present * position_bytes, " bytes with their rows), only ", r.payload_left(),
+                " bytes remain before the checksum");
+        if (into) {
+            room(t.positions, present, into->positions_.size());
+            int* positions = into->positions_.data() + t.positions;
+            r.bytes(positions, std::size_t(present) * sizeof(int));
+            for (int i = 0; i < present; ++i)
+                require(positions[i] >= 0 && positions[i] < length && (i == 0 || positions[i] > positions[i - 1]),
+                        error_code::format_error, "sequence ", s, " of ", sequences, ": saved position ",
+                        positions[i], " is not ascending inside [0, ", length, ")");
+        } else {
+            r.skip(std::uint64_t(present) * sizeof(int));
+        }
+        const int tokens = r.value<std::int32_t>();
+        require(tokens >= 0 && tokens <= length, error_code::format_error, "sequence ", s, " of ", sequences,
+                ": token ids = ", tokens, " is outside [0, ", length, "]");
+        const std::uint64_t row_bytes = present * rows_per_position * sizeof(Element);
+        require(std::uint64_t(tokens) * 4 + row_bytes <= r.payload_left(), error_code::format_error,
+                "file truncated: sequence ", s, " of ", sequences, " claims ", tokens, " token ids and ", present,
+                " present positions (", std::uint64_t(tokens) * 4 + row_bytes, " bytes), only ", r.payload_left(),
+                " bytes remain before the checksum");
+        const std::uint64_t elements = present * rows_per_position;
+        if (into) {
+            room(t.tokens, tokens, into->tokens_.size());
+            r.bytes(into->tokens_.data() + t.tokens, std::size_t(tokens) * sizeof(std::int32_t));
+            room(t.rows, elements, into->rows_.size());
+            r.bytes(into->rows_.data() + t.rows, std::size_t(elements) * sizeof(Element));
+            into->counts_[s] = {length, present, tokens};
+        } else {
+            r.skip(std::uint64_t(tokens) * 4 + row_bytes);
+        }
+        t.positions += present;
+        t.tokens += tokens;
+        t.rows += elements;
+    }
+    return t;
+}
+
+/// read_file on a stream that can seek back to `start`, `size` bytes long.
+/// @tparam Element stored element type
+template <class Element>
+file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type start, std::uint64_t size,
+                                      const file_header& expected) {
+    const std::size_t row = std::size_t(expected.heads.kv_heads) * expected.heads.head_dim;
+    // First pass: header, counts and checksum, with no more memory than a
+    // small buffer, so nothing is allocated for a file that is not intact.
+    checked_reader first(in, size);
+    const std::uint32_t sequences = read_header(first, expected);
+    const record_totals totals = read_records<Element>(first, sequences, expected.layers, row, nullptr);
+    const std::uint64_t stored = first.stored_checksum();
+    require(stored == first.hash(), error_code::format_error, "checksum ", stored, " does not match contents (",
+            first.hash(), ")");
+    // The checksum covers the file, so the file must be all the stream holds:
+    // anything after it would be accepted unverified.
+    require(first.unread() == 0, error_code::format_error, first.unread(),
+            " bytes follow the checksum (the file ends at offset ", first.offset(), " of the ", size,
+            " bytes left in the stream; a load takes the whole rest of the stream as one file)");
+
+    // Second pass: into arrays sized exactly by the first, so a load holds
+    // no more than the file's bytes.
+    file_records<Element> out;
+    out.counts_.resize(sequences);
+    out.positions_.resize(totals.positions);
+    out.tokens_.resize(totals.tokens);
+    out.rows_.resize(totals.rows);
+    out.row_ = row;
+    out.layers_ = expected.layers;
+    out.file_bytes_ = first.offset();
+    in.clear();
+    in.seekg(start);
+    require(static_cast<bool>(in), error_code::io_error, "cannot seek the stream back to where the file starts");
+    checked_reader second(in, size);
+    (void)read_header(second, expected);
+    const bool same = read_records<Element>(second, sequences, expected.layers, row, &out) == totals &&
+                      second.stored_checksum() == stored && second.hash() == stored;
+    require(same, error_code::io_error, "the stream changed between the two passes of the load");
+    return out;
+}
+
+/// Reads a file written for a cache configured like `expected`: the whole
+/// rest of the stream, checked (configuration, every count against the
+/// bytes left, checksum) before more than a small buffer is allocated, then
+/// kept in no more memory than the file's size. A stream that cannot seek is
+/// first copied into memory (the file's size again).
+/// @tparam Element stored element type
+template <class Element>
+file_records<Element> read_file(std::istream& in, const file_header& expected) {
+    require(static_cast<bool>(in), error_code::io_error, "the stream to load from is not readable");
+    const std::istream::pos_type start = in.tellg();
+    if (start != std::istream::pos_type(-1)) {
+        in.seekg(0, std::ios::end);
+        const std::istream::pos_type stop = in.tellg();
+        in.clear();
+        in.seekg(start);
+        if (stop != std::istream::pos_type(-1) && stop >= start && in)
+            return read_sized_file<Element>(in, start, static_cast<std::uint64_t>(stop - start), expected);
+    }
+    in.clear();
+    std::string bytes;
+    char chunk[16384];
+    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) bytes.append(chunk, static_cast<std::size_t>(in.gcount()));
+    require(!in.bad(), error_code::io_error, "reading the stream failed after ", bytes.size(), " bytes");
+    const std::uint64_t size = bytes.size();
+    owned_bytes_buffer buffer(std::move(bytes));
+    std::istream copy(&buffer);
+    return read_sized_file<Element>(copy, 0, size, expected);
 }
 
 /// Opens a file for binary writing; io_error naming the path on failure.

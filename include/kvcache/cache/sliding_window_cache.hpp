@@ -227,23 +227,40 @@ private:
         return h;
     }
 
-    std::vector<sequence_id> restore(const std::vector<detail::sequence_record<Element>>& records) {
-        for (const auto& r : records)
-            require(r.positions == present_positions_for(r.length), error_code::format_error,
-                    "a sliding-window record of length ", r.length, " holds ", r.positions.size(),
+    /// True when positions are exactly what this window keeps at length.
+    bool keeps_exactly(int length, span<const int> positions) const noexcept {
+        const int sinks = std::min(length, sinks_), ring_from = first_ring(length);
+        const std::size_t kept = std::size_t(sinks) + std::size_t(std::max(0, length - ring_from));
+        if (positions.size() != kept) return false;
+        std::size_t i = 0;
+        for (int p = 0; p < sinks; ++p)
+            if (positions[i++] != p) return false;
+        for (int p = ring_from; p < length; ++p)
+            if (positions[i++] != p) return false;
+        return true;
+    }
+
+    std::vector<sequence_id> restore(const detail::file_records<Element>& records) {
+        std::size_t index = 0;
+        for (const auto& r : records) {
+            require(keeps_exactly(r.length, r.positions), error_code::format_error, "sequence ", index, " of ",
+                    records.size(), ": a sliding-window record of length ", r.length, " holds ", r.present(),
                     " positions, not the ones this window keeps");
+            ++index;
+        }
         require(records.size() <= free_slots_.size(), error_code::capacity_exceeded, "loading ", records.size(),
                 " sequences needs as many slots, ", free_slots_.size(), " are free");
         std::vector<sequence_id> ids;
+        ids.reserve(records.size());
+        constexpr std::size_t row = std::size_t(Heads::kv_heads) * Heads::head_dim;
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);
             sequences_.at(id).length = r.length;
-            constexpr std::size_t row = std::size_t(Heads::kv_heads) * Heads::head_dim;
             base::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers(); ++l)
-                    write(id, l, r.positions[i], span<const Element>(r.keys[l].data() + i * row, (j - i) * row),
-                          span<const Element>(r.values[l].data() + i * row, (j - i) * row), static_cast<int>(j - i));
+                    write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),
+                          span<const Element>(r.values(l) + i * row, (j - i) * row), static_cast<int>(j - i));
             });
         }
         return ids;

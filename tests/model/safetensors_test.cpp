@@ -221,3 +221,44 @@ TEST_CASE("config.json: defaults, and refusals that name the field") {
     CHECK_THROWS_WITH_AS(read_model_config(temp_dir("noconfig")), doctest::Contains("config.json: cannot open"),
                          kvcache::error);
 }
+
+TEST_CASE("config.json: products of fields that overflow int, or that no buffer could hold, are refused") {
+    auto parse = [](const std::string& text) { return parse_model_config(nlohmann::json::parse(text), "config.json"); };
+    // Each field alone is within the parser's per-field bound of 2^30; only the products are hostile.
+    auto config = [](int vocab, int hidden, int layers, int heads, int kv_heads, int head_dim, int ffn) {
+        return "{\"model_type\": \"llama\", \"vocab_size\": " + std::to_string(vocab) + ", \"hidden_size\": " +
+               std::to_string(hidden) + ", \"num_hidden_layers\": " + std::to_string(layers) +
+               ", \"num_attention_heads\": " + std::to_string(heads) + ", \"num_key_value_heads\": " +
+               std::to_string(kv_heads) + ", \"head_dim\": " + std::to_string(head_dim) +
+               ", \"intermediate_size\": " + std::to_string(ffn) + "}";
+    };
+    // 65536 * 65536 = 2^32 wraps a 32-bit int to 0.
+    CHECK_THROWS_WITH_AS(parse(config(100, 64, 2, 65536, 65536, 65536, 128)),
+                         doctest::Contains("num_attention_heads * head_dim = 65536 * 65536 = 4294967296"), kvcache::error);
+    CHECK_THROWS_WITH_AS(parse(config(100, 64, 2, 4096, 1, 8192, 128)),
+                         doctest::Contains("num_attention_heads * head_dim = 4096 * 8192 = 33554432 exceeds the limit 16777216"),
+                         kvcache::error);
+    // 2^30 * 2^30 = 2^60 elements of embedding.
+    CHECK_THROWS_WITH_AS(parse(config(1 << 30, 1 << 30, 2, 4, 4, 16, 128)),
+                         doctest::Contains("vocab_size * hidden_size = 1073741824 * 1073741824 = 1152921504606846976"),
+                         kvcache::error);
+    CHECK_THROWS_WITH_AS(parse(config(100, 1 << 20, 2, 4, 4, 16, 1 << 20)),
+                         doctest::Contains("intermediate_size * hidden_size = 1048576 * 1048576"), kvcache::error);
+    CHECK_THROWS_WITH_AS(parse(config(100, 1 << 16, 2, 1 << 14, 1 << 14, 1 << 10, 128)),
+                         doctest::Contains("num_attention_heads * head_dim * hidden_size"), kvcache::error);
+    // Every tensor fits on its own; 2^30 layers of them do not.
+    CHECK_THROWS_WITH_AS(parse(config(100, 4096, 1 << 30, 32, 8, 128, 14336)), doctest::Contains("num_hidden_layers = 1073741824"),
+                         kvcache::error);
+    bool refused = false;
+    try {
+        parse(config(100, 4096, 1 << 30, 32, 8, 128, 14336));
+    } catch (const kvcache::error& e) {
+        refused = true;
+        CHECK(e.code() == kvcache::error_code::format_error);
+        CHECK(std::string(e.what()).find("1099511627776") != std::string::npos);  // the stated limit, 2^40
+    }
+    CHECK(refused);
+    // A real large shape (Llama-3-70B) passes.
+    auto big = parse(config(128256, 8192, 80, 64, 8, 128, 28672));
+    CHECK(big.model.q_width() == 8192);
+}

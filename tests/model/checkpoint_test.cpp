@@ -90,6 +90,37 @@ TEST_CASE("the loaded checkpoint generates the same ids cached (every layout, fp
     });
 }
 
+TEST_CASE("a config in transformers 5's form (rope_parameters) runs the model its transformers 4 form describes") {
+    thread_pool pool(2);
+    model_config c = tiny_config("llama");
+    c.rope_theta = 500000.0;
+    auto weights = make_random_weights(c, 21);
+    // original_max_position_embeddings 16 puts the head's frequencies in all three llama3 bands.
+    const std::string scaling = R"("rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 16)";
+    std::string v4 = fresh_dir("rope_v4"), v5 = fresh_dir("rope_v5"), plain = fresh_dir("rope_plain");
+    write_checkpoint(v4, weights, {"F32"}, 1, "\"rope_scaling\": {" + scaling + "},\n  ");
+    write_checkpoint(v5, weights, {"F32"}, 1, "", scaling);
+    model_config unscaled = c;
+    unscaled.rope_theta = 10000.0;
+    model_weights unscaled_weights = weights;
+    unscaled_weights.config = unscaled;
+    write_checkpoint(plain, unscaled_weights, {"F32"});
+    std::vector<int> prompt{1, 5, 9, 200, 17, 3, 3, 44, 9, 12, 80, 7, 7, 101, 2, 19};
+    generation_options keep;
+    keep.keep_logits = true;
+    auto run = [&](const std::string& dir) {
+        llama_model model(load_checkpoint(dir, read_model_config(dir)), pool);
+        recompute_attention recompute(model.config(), pool, kvcache::element_kind::fp32);
+        return generate(model, prompt, 6, recompute, generation_mode::recompute, keep);
+    };
+    auto old_form = run(v4), new_form = run(v5), default_rope = run(plain);
+    CHECK(new_form.tokens == old_form.tokens);
+    CHECK(largest_logit_difference(new_form, old_form) == 0.0);
+    // The scaling and theta change the logits at this length, so reading them matters.
+    CHECK(largest_logit_difference(default_rope, old_form) > 1e-3);
+}
+
 TEST_CASE("bad checkpoints: one error naming the file and the tensor") {
     model_config c = tiny_config();
     auto weights = make_random_weights(c, 3);

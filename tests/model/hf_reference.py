@@ -62,17 +62,28 @@ def rms_norm(x, weight, eps):
     return [w * (v * scale) for v, w in zip(x, weight)]
 
 
-def inv_frequencies(cfg, dim):
-    theta = cfg.get("rope_theta", 10000.0)
+def rope_settings(cfg, layer_type):
+    """(theta, scaling dict or None) for one layer, the way transformers reads a config: an old-style
+    rope_scaling object takes the place of rope_parameters, a top-level rope_theta is only the default
+    for a rope_parameters object without one, and rope_parameters may hold one object per layer type."""
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if layer_type in params and isinstance(params[layer_type], dict):
+        params = params[layer_type]
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    return theta, (None if kind == "default" else dict(params, rope_type=kind))
+
+
+def inv_frequencies(cfg, dim, layer_type="full_attention"):
+    theta, scaling = rope_settings(cfg, layer_type)
     inv = [1.0 / (theta ** (i / dim)) for i in range(0, dim, 2)]
-    scaling = cfg.get("rope_scaling")
     if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
+        kind = scaling["rope_type"]
         if kind == "linear":
             inv = [f / scaling["factor"] for f in inv]
         elif kind == "llama3":
             factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-            old = scaling["original_max_position_embeddings"]
+            old = scaling.get("original_max_position_embeddings", cfg.get("max_position_embeddings"))
             low_wavelen, high_wavelen = old / low, old / high
             out = []
             for f in inv:
@@ -83,6 +94,8 @@ def inv_frequencies(cfg, dim):
                     scaled = (1 - smooth) * scaled / factor + smooth * scaled
                 out.append(scaled)
             inv = out
+        else:
+            raise SystemExit("the reference has no rope_type " + kind)
     return inv
 
 

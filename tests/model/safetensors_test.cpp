@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -261,4 +262,105 @@ TEST_CASE("config.json: products of fields that overflow int, or that no buffer 
     // A real large shape (Llama-3-70B) passes.
     auto big = parse(config(128256, 8192, 80, 64, 8, 128, 28672));
     CHECK(big.model.q_width() == 8192);
+}
+
+namespace {
+
+// A config.json of tests/model/configs, written by transformers 5.24 (LlamaConfig(...).save_pretrained).
+checkpoint_config read_fixture(const std::string& name) {
+    return parse_model_config(nlohmann::json::parse(std::ifstream(std::string(KVCACHE_MODEL_TEST_CONFIGS) + "/" + name)),
+                              name);
+}
+
+}  // namespace
+
+TEST_CASE("config.json as transformers 5 writes it: rope_parameters, no top-level rope_theta or rope_scaling") {
+    auto llama3 = read_fixture("llama3_transformers5.json");
+    CHECK(llama3.model.rope_theta == 500000.0);
+    CHECK(llama3.model.scaling.type == rope_scaling::kind::llama3);
+    CHECK(llama3.model.scaling.factor == 8.0);
+    CHECK(llama3.model.scaling.low_freq_factor == 1.0);
+    CHECK(llama3.model.scaling.high_freq_factor == 4.0);
+    CHECK(llama3.model.scaling.original_max_position_embeddings == 8192);
+    auto mistral = read_fixture("mistral_transformers5.json");
+    CHECK(mistral.model.rope_theta == 1000000.0);
+    CHECK(mistral.model.scaling.type == rope_scaling::kind::none);
+    auto qwen2 = read_fixture("qwen2_sliding_transformers5.json");
+    CHECK(qwen2.model.rope_theta == 1000000.0);
+    CHECK(qwen2.model.scaling.type == rope_scaling::kind::none);
+}
+
+TEST_CASE("config.json: rope_theta/rope_scaling and rope_parameters together must agree") {
+    auto parse = [](const std::string& fields) {
+        return parse_model_config(nlohmann::json::parse(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, )" + fields + "}"),
+                                  "config.json");
+    };
+    const std::string llama3 = R"("rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 8192)";
+    SUBCASE("both forms, the same values: accepted") {
+        auto c = parse(R"("rope_theta": 500000.0, "rope_scaling": {)" + llama3 + R"(}, "rope_parameters": {"rope_theta": 500000.0, )" +
+                       llama3 + "}");
+        CHECK(c.model.rope_theta == 500000.0);
+        CHECK(c.model.scaling.type == rope_scaling::kind::llama3);
+        CHECK(c.model.scaling.factor == 8.0);
+    }
+    SUBCASE("theta differs") {
+        CHECK_THROWS_WITH_AS(parse(R"("rope_theta": 10000.0, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"})"),
+                             doctest::Contains("rope_theta = 10000 disagrees with rope_parameters.rope_theta = 500000"),
+                             kvcache::error);
+    }
+    SUBCASE("type differs") {
+        CHECK_THROWS_WITH_AS(parse(R"("rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                                      "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"})"),
+                             doctest::Contains("rope_scaling.rope_type = 'linear' disagrees with rope_parameters.rope_type = 'default'"),
+                             kvcache::error);
+    }
+    SUBCASE("a scaling field differs") {
+        CHECK_THROWS_WITH_AS(parse(R"("rope_scaling": {)" + llama3 + R"(}, "rope_parameters": {"rope_theta": 10000.0, )" +
+                                   llama3.substr(0, llama3.find("8192")) + "32768}"),
+                             doctest::Contains("rope_scaling.original_max_position_embeddings = 8192 disagrees with "
+                                               "rope_parameters.original_max_position_embeddings = 32768"),
+                             kvcache::error);
+    }
+    SUBCASE("the error is a format error") {
+        bool refused = false;
+        try {
+            parse(R"("rope_theta": 1.0, "rope_parameters": {"rope_theta": 2.0})");
+        } catch (const kvcache::error& e) {
+            refused = true;
+            CHECK(e.code() == kvcache::error_code::format_error);
+        }
+        CHECK(refused);
+    }
+    SUBCASE("keyed by layer type: entries that agree are read, entries that differ refused") {
+        auto c = parse(R"("layer_types": ["full_attention", "sliding_attention"], "rope_parameters": {
+                          "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                          "sliding_attention": {"rope_theta": 1000000.0, "rope_type": "default"}})");
+        CHECK(c.model.rope_theta == 1000000.0);
+        CHECK_THROWS_WITH_AS(parse(R"("layer_types": ["full_attention", "sliding_attention"], "rope_parameters": {
+                                      "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                                      "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}})"),
+                             doctest::Contains("rope_parameters.full_attention.rope_theta = 1000000 disagrees with "
+                                               "rope_parameters.sliding_attention.rope_theta = 10000"),
+                             kvcache::error);
+    }
+    SUBCASE("an unsupported type in rope_parameters") {
+        CHECK_THROWS_WITH_AS(parse(R"("rope_parameters": {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0})"),
+                             doctest::Contains("rope_parameters.rope_type = 'yarn' is not supported"), kvcache::error);
+    }
+}
+
+TEST_CASE("config.json: layer_types must name every layer, as full_attention or sliding_attention") {
+    auto parse = [](const std::string& fields) {
+        return parse_model_config(nlohmann::json::parse(R"({"model_type": "qwen2", "vocab_size": 100, "hidden_size": 64,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "intermediate_size": 128, )" + fields + "}"),
+                                  "config.json");
+    };
+    CHECK_THROWS_WITH_AS(parse(R"("layer_types": ["full_attention", "full_attention"])"),
+                         doctest::Contains("layer_types has 2 entries but num_hidden_layers = 3"), kvcache::error);
+    CHECK_THROWS_WITH_AS(parse(R"("layer_types": ["full_attention", "chunked_attention", "full_attention"])"),
+                         doctest::Contains("layer_types[1] = \"chunked_attention\""), kvcache::error);
+    CHECK_THROWS_WITH_AS(parse(R"("layer_types": "full_attention")"), doctest::Contains("layer_types"), kvcache::error);
+    CHECK(parse(R"("layer_types": ["full_attention", "full_attention", "full_attention"])").model.num_layers == 3);
 }

@@ -1,8 +1,9 @@
 // Writes the tests' tiny checkpoint (config.json + model.safetensors, mixed
 // F32/F16/BF16) of a model type (llama, qwen2, mistral with sliding_window 8,
 // llama3: Llama with llama3 rope scaling that matters at these sizes, tied
-// embeddings and attention biases) into the folder given, for the 06_llama
-// smoke tests.
+// embeddings and attention biases; llama3_rope_parameters: the same model with
+// its config as transformers 5 writes it) into the folder given, for the
+// 06_llama smoke tests.
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -11,24 +12,27 @@
 
 int main(int argc, char** argv) {
     std::string type = argc == 3 ? argv[2] : "llama";
-    if (argc < 2 || argc > 3 || (type != "llama" && type != "qwen2" && type != "mistral" && type != "llama3")) {
-        std::fprintf(stderr, "usage: model_write_tiny_checkpoint DIR [llama|qwen2|mistral|llama3]\n");
+    const bool llama3 = type == "llama3" || type == "llama3_rope_parameters";
+    if (argc < 2 || argc > 3 || (type != "llama" && type != "qwen2" && type != "mistral" && !llama3)) {
+        std::fprintf(stderr, "usage: model_write_tiny_checkpoint DIR [llama|qwen2|mistral|llama3|llama3_rope_parameters]\n");
         return 2;
     }
     try {
         using namespace kvcache::examples;
-        model_config config = testing::tiny_config(type == "llama3" ? "llama_bias" : type);
-        std::string extra;
+        model_config config = testing::tiny_config(llama3 ? "llama_bias" : type);
+        std::string extra, rope_parameters;
         if (type == "mistral") extra = "\"sliding_window\": 8,\n  ";
-        if (type == "llama3") {
+        if (llama3) {
             config.tie_word_embeddings = true;
             config.rope_theta = 500000.0;
             // original_max_position_embeddings 16 puts the head's wavelengths in all three bands.
-            extra = "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
-                    "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16},\n  ";
+            const std::string scaling = "\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                                        "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16";
+            if (type == "llama3") extra = "\"rope_scaling\": {" + scaling + "},\n  ";
+            else rope_parameters = scaling;
         }
         auto weights = make_random_weights(config, 42);
-        testing::write_checkpoint(argv[1], weights, {"F32", "BF16", "F16"}, 1, extra);
+        testing::write_checkpoint(argv[1], weights, {"F32", "BF16", "F16"}, 1, extra, rope_parameters);
         std::printf("tiny checkpoint written to %s\n", argv[1]);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "model_write_tiny_checkpoint: %s\n", e.what());

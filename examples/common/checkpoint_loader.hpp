@@ -30,7 +30,7 @@ inline const char* supported_model_types() noexcept { return "llama, mistral, qw
 /// What a checkpoint's config says beyond the architecture.
 struct checkpoint_config {
     model_config model;
-    int sliding_window = 0;  ///< the model attends only to this many recent tokens; 0: unlimited
+    int sliding_window = 0;  ///< the windowed layers attend only to this many recent tokens; 0: no layer is windowed
     std::vector<std::string> layer_types;  ///< config field layer_types, one per layer; empty when absent
 };
 
@@ -227,6 +227,54 @@ inline std::vector<std::string> read_layer_types(const nlohmann::json& j, const 
     return out;
 }
 
+// Which layers attend through a sliding window, as transformers decides it. Mistral windows every
+// layer when sliding_window is set. Qwen2 windows only with use_sliding_window, and then the
+// layers layer_types marks "sliding_attention"; without layer_types (configs older than it), the
+// layers from max_window_layers on.
+inline void read_layer_windows(const nlohmann::json& j, const std::string& file, checkpoint_config& out) {
+    model_config& c = out.model;
+    const std::vector<std::string>& types = out.layer_types;
+    const std::size_t layers = static_cast<std::size_t>(c.num_layers);
+    std::vector<int> window(layers, 0);
+    int size = 0;
+    if (c.model_type == "mistral") {
+        size = config_int(j, file, "sliding_window", 0);
+        // transformers' Mistral ignores layer_types; a list saying otherwise leaves the intent unclear.
+        for (std::size_t i = 0; i < types.size(); ++i)
+            require((types[i] == "sliding_attention") == (size > 0), error_code::unsupported_configuration, file,
+                    ": layer_types[", i, "] = \"", types[i], "\" but model_type mistral ",
+                    size > 0 ? "windows every layer (sliding_window = " + std::to_string(size) + ")"
+                             : std::string("windows no layer (no sliding_window)"),
+                    " whatever layer_types says; refusing rather than guessing which was meant");
+        if (size > 0) std::fill(window.begin(), window.end(), size);
+    } else if (c.model_type == "qwen2") {
+        const bool use = config_bool(j, file, "use_sliding_window", false);
+        if (use) size = config_int(j, file, "sliding_window", 0);
+        if (!types.empty()) {
+            for (std::size_t i = 0; i < layers; ++i) {
+                if (types[i] != "sliding_attention") continue;
+                require(size > 0, error_code::unsupported_configuration, file, ": layer_types[", i,
+                        "] = \"sliding_attention\" but ",
+                        use ? std::string("sliding_window is not set") : std::string("use_sliding_window is false"),
+                        ", so the layer has no window");
+                window[i] = size;
+            }
+        } else if (size > 0) {
+            const int first = config_int(j, file, "max_window_layers", 28);  // transformers' default
+            for (std::size_t i = static_cast<std::size_t>(std::min(first, c.num_layers)); i < layers; ++i)
+                window[i] = size;
+        }
+    } else {
+        for (std::size_t i = 0; i < types.size(); ++i)
+            require(types[i] == "full_attention", error_code::unsupported_configuration, file, ": layer_types[", i,
+                    "] = \"", types[i], "\" is not supported for model_type ", c.model_type,
+                    " (only full_attention)");
+    }
+    const bool any = std::any_of(window.begin(), window.end(), [](int w) { return w > 0; });
+    out.sliding_window = any ? size : 0;
+    if (any) c.layer_window = std::move(window);
+}
+
 inline nlohmann::json read_json_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     require(static_cast<bool>(in), error_code::io_error, path, ": cannot open");
@@ -273,10 +321,7 @@ inline checkpoint_config parse_model_config(const nlohmann::json& j, const std::
 
     detail::read_rope(j, file, c);
     out.layer_types = detail::read_layer_types(j, file, c.num_layers);
-    // Mistral always honours sliding_window; Qwen2 only when use_sliding_window is set.
-    bool windowed = c.model_type == "mistral" ||
-                    (c.model_type == "qwen2" && detail::config_bool(j, file, "use_sliding_window", false));
-    if (windowed) out.sliding_window = detail::config_int(j, file, "sliding_window", 0);
+    detail::read_layer_windows(j, file, out);
     try {
         c.validate();
     } catch (const error& e) {

@@ -2,6 +2,7 @@
 // needs to know about shapes, normalisation and rotary embedding.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,6 +47,14 @@ struct model_config {
     bool attention_bias = false;  ///< q/k/v projections carry a bias (Qwen2; Llama with attention_bias)
     bool output_bias = false;     ///< o_proj carries a bias (Llama with attention_bias, not Qwen2)
     int max_position_embeddings = 0;  ///< 0: unknown, not enforced
+    /// Per layer, how many recent keys (the query's own included) the model attends to; 0: all.
+    /// Empty: every layer attends to all. Hugging Face windows only some layers of Qwen2.
+    std::vector<int> layer_window;
+
+    /// The window of one layer (0: full attention).
+    int window_of(int layer) const noexcept {
+        return layer_window.empty() ? 0 : layer_window[static_cast<std::size_t>(layer)];
+    }
 
     int q_width() const noexcept { return num_query_heads * head_dim; }
     int kv_width() const noexcept { return num_kv_heads * head_dim; }
@@ -73,6 +82,12 @@ struct model_config {
                 " must be positive");
         require(rope_theta > 0.0, error_code::invalid_argument, "model config: rope_theta = ", rope_theta,
                 " must be positive");
+        require(layer_window.empty() || layer_window.size() == static_cast<std::size_t>(num_layers),
+                error_code::invalid_argument, "model config: ", layer_window.size(),
+                " per-layer windows for num_hidden_layers = ", num_layers);
+        for (std::size_t l = 0; l < layer_window.size(); ++l)
+            require(layer_window[l] >= 0, error_code::invalid_argument, "model config: the window of layer ", l, " = ",
+                    layer_window[l], " must not be negative");
         validate_sizes();
     }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An independent reference for 06_llama: the Hugging Face Llama/Qwen2/Mistral
 forward pass written from the transformers formulas (rotate_half with
-concatenated cos/sin, repeat_kv, RMSNorm in float, llama3 rope scaling) in
+concatenated cos/sin, repeat_kv, RMSNorm in float, llama3 rope scaling,
+sliding windows per layer) in
 plain Python double precision, reading the safetensors file with nothing but
 the standard library. It runs 06_llama (--no-cache and cached, --dump-logits)
 on the same checkpoint and prompt, and checks every step's logits and the
@@ -107,7 +108,25 @@ def rotate(x, position, inv):
     return [xi * math.cos(e) + ri * math.sin(e) for xi, ri, e in zip(x, rotated_half, emb)]
 
 
-def forward_last_logits(cfg, t, ids, window):
+def layer_windows(cfg):
+    """Per layer, the number of recent keys a query attends to (0: all), by transformers' rules:
+    Mistral windows every layer when sliding_window is set; Qwen2 only when use_sliding_window is
+    true, and then the layers layer_types calls "sliding_attention", or without layer_types the
+    layers from max_window_layers on."""
+    layers = cfg["num_hidden_layers"]
+    if cfg["model_type"] == "mistral":
+        return [cfg.get("sliding_window") or 0] * layers
+    if cfg["model_type"] != "qwen2" or not cfg.get("use_sliding_window", False):
+        return [0] * layers
+    size = cfg.get("sliding_window") or 0
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if size and i >= cfg.get("max_window_layers", 28) else "full_attention"
+                 for i in range(layers)]
+    return [size if kind == "sliding_attention" else 0 for kind in types]
+
+
+def forward_last_logits(cfg, t, ids, windows):
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or heads
@@ -121,6 +140,7 @@ def forward_last_logits(cfg, t, ids, window):
     x = [list(embed[i]) for i in ids]
     n = len(ids)
     for layer in range(cfg["num_hidden_layers"]):
+        window = windows[layer]
         p = "model.layers.%d." % layer
         g = lambda name: t[p + name][1]
         m = lambda name: matrix(t, p + name)
@@ -176,11 +196,11 @@ def main():
     extra = sys.argv[5:]
     cfg = json.load(open(os.path.join(model, "config.json")))
     tensors = read_safetensors(os.path.join(model, "model.safetensors"))
-    window = cfg.get("sliding_window") or 0 if cfg["model_type"] == "mistral" else 0
+    windows = layer_windows(cfg)
     ids = [int(v) for v in prompt_text.split(",")]
     reference, generated = [], []
     for _ in range(steps):
-        logits = forward_last_logits(cfg, tensors, ids + generated, window)
+        logits = forward_last_logits(cfg, tensors, ids + generated, windows)
         reference.append(logits)
         generated.append(max(range(len(logits)), key=lambda i: (logits[i], -i)))
     worst_all = 0.0

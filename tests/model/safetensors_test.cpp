@@ -334,11 +334,11 @@ TEST_CASE("config.json: rope_theta/rope_scaling and rope_parameters together mus
         CHECK(refused);
     }
     SUBCASE("keyed by layer type: entries that agree are read, entries that differ refused") {
-        auto c = parse(R"("layer_types": ["full_attention", "sliding_attention"], "rope_parameters": {
+        auto c = parse(R"("rope_parameters": {
                           "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
                           "sliding_attention": {"rope_theta": 1000000.0, "rope_type": "default"}})");
         CHECK(c.model.rope_theta == 1000000.0);
-        CHECK_THROWS_WITH_AS(parse(R"("layer_types": ["full_attention", "sliding_attention"], "rope_parameters": {
+        CHECK_THROWS_WITH_AS(parse(R"("rope_parameters": {
                                       "full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
                                       "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}})"),
                              doctest::Contains("rope_parameters.full_attention.rope_theta = 1000000 disagrees with "
@@ -363,4 +363,54 @@ TEST_CASE("config.json: layer_types must name every layer, as full_attention or 
                          doctest::Contains("layer_types[1] = \"chunked_attention\""), kvcache::error);
     CHECK_THROWS_WITH_AS(parse(R"("layer_types": "full_attention")"), doctest::Contains("layer_types"), kvcache::error);
     CHECK(parse(R"("layer_types": ["full_attention", "full_attention", "full_attention"])").model.num_layers == 3);
+}
+
+TEST_CASE("config.json: which layers attend through a sliding window") {
+    auto parse = [](const std::string& type, const std::string& fields) {
+        return parse_model_config(nlohmann::json::parse(R"({"model_type": ")" + type + R"(", "vocab_size": 100,
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 128, )" + fields + "}"),
+                                  "config.json");
+    };
+    using windows = std::vector<int>;
+    SUBCASE("transformers 5's Qwen2 fixture: layer_types windows layers 20..27 of 28") {
+        auto q = read_fixture("qwen2_sliding_transformers5.json");
+        windows expected(28, 0);
+        for (int l = 20; l < 28; ++l) expected[l] = 4096;
+        CHECK(q.model.layer_window == expected);
+        CHECK(q.sliding_window == 4096);
+        CHECK(read_fixture("mistral_transformers5.json").model.layer_window == windows(32, 4096));
+        CHECK(read_fixture("llama3_transformers5.json").model.layer_window.empty());
+    }
+    SUBCASE("Qwen2 without layer_types: the layers from max_window_layers on") {
+        CHECK(parse("qwen2", R"("use_sliding_window": true, "sliding_window": 16, "max_window_layers": 1)").model.layer_window ==
+              windows{0, 16, 16, 16});
+        CHECK(parse("qwen2", R"("use_sliding_window": true, "sliding_window": 16, "max_window_layers": 28)").model.layer_window.empty());
+        // Qwen2.5's own configs: a window stated but switched off.
+        auto off = parse("qwen2", R"("use_sliding_window": false, "sliding_window": 131072, "max_window_layers": 2)");
+        CHECK(off.model.layer_window.empty());
+        CHECK(off.sliding_window == 0);
+    }
+    SUBCASE("Qwen2 with layer_types: it decides, over max_window_layers") {
+        auto c = parse("qwen2", R"("use_sliding_window": true, "sliding_window": 8, "max_window_layers": 0,
+            "layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"])");
+        CHECK(c.model.layer_window == windows{8, 0, 0, 8});
+        CHECK_THROWS_WITH_AS(parse("qwen2", R"("use_sliding_window": false, "sliding_window": 8,
+            "layer_types": ["full_attention", "sliding_attention", "full_attention", "full_attention"])"),
+                             doctest::Contains("layer_types[1] = \"sliding_attention\" but use_sliding_window is false"),
+                             kvcache::error);
+    }
+    SUBCASE("Mistral windows every layer; a layer_types saying otherwise is refused") {
+        CHECK(parse("mistral", R"("sliding_window": 4096)").model.layer_window == windows(4, 4096));
+        CHECK(parse("mistral", R"("sliding_window": null)").model.layer_window.empty());
+        CHECK_THROWS_WITH_AS(parse("mistral", R"("sliding_window": 4096,
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"])"),
+                             doctest::Contains("layer_types[0] = \"full_attention\" but model_type mistral windows every layer"),
+                             kvcache::error);
+    }
+    SUBCASE("Llama has no windowed layers") {
+        CHECK(parse("llama", R"("sliding_window": 4096)").model.layer_window.empty());
+        CHECK_THROWS_WITH_AS(parse("llama", R"("layer_types": ["full_attention", "sliding_attention", "full_attention",
+            "full_attention"])"), doctest::Contains("layer_types[1] = \"sliding_attention\" is not supported for model_type llama"),
+                             kvcache::error);
+    }
 }

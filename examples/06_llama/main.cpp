@@ -39,11 +39,14 @@ options:
   --compare              run both ways and report whether the ids are identical
   --backend KIND         auto | cpu | cuda: where the cached path runs (default auto: cuda when this
                          build has CUDA, a device is present and the heads are compiled for it)
-  --layout KIND          contiguous | paged | sliding_window (default paged)
+  --layout KIND          contiguous | paged | sliding_window (default paged): the cache of the layers
+                         with full attention; layers the config windows (Mistral's sliding_window,
+                         Qwen2's layer_types / max_window_layers) always go into a sliding-window
+                         cache of the config's window, without sinks
   --dtype TYPE           fp32 | fp16: the cache's element type (default fp32)
   --page-size N          paged: tokens per page (default 16)
-  --window N             sliding_window: keys a query sees (default: config's sliding_window, else 4096)
-  --sinks N              sliding_window: first positions kept forever (default 4; 0 when the config has a sliding_window)
+  --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
+  --sinks N              sliding_window: first positions kept forever in those layers (default 4)
   --threads N            CPU threads (default: all cores)
   --dump-logits FILE     write every step's logits: a text header, then float32 little-endian
   --help                 this text
@@ -105,17 +108,13 @@ int run(int argc, char** argv) {
     cache.layout = args.layout("--layout", kvcache::layout_kind::paged);
     cache.element = args.element("--dtype", kvcache::element_kind::fp32);
     cache.page_size = args.integer("--page-size", 16, 1, 1 << 16);
-    cache.window = args.integer("--window", checkpoint.sliding_window > 0 ? checkpoint.sliding_window : 4096, 1, 1 << 24);
-    // A model trained with a sliding window (Mistral) has no attention sinks; StreamingLLM-style use of
-    // a full-attention model keeps a few.
-    cache.sinks = args.integer("--sinks", checkpoint.sliding_window > 0 ? 0 : 4, 0, 1 << 20);
+    // StreamingLLM-style windowing of full-attention layers; the model's own windowed layers keep
+    // the config's window (kvcache_attention.hpp), so these change nothing for them.
+    cache.window = args.integer("--window", 4096, 1, 1 << 24);
+    cache.sinks = args.integer("--sinks", 4, 0, 1 << 20);
     cache.prefill_chunk = 64;
-    const int total = static_cast<int>(prompt.size()) + new_tokens;
-    if (checkpoint.sliding_window > 0 && total > checkpoint.sliding_window &&
-        cache.layout != kvcache::layout_kind::sliding_window)
-        throw ex::usage_error("config field sliding_window = " + std::to_string(checkpoint.sliding_window) +
-                              " is shorter than the " + std::to_string(total) +
-                              " tokens asked for; use --layout sliding_window");
+    int windowed_layers = 0;
+    for (int l = 0; l < config.num_layers; ++l) windowed_layers += config.window_of(l) > 0;
 
     const bool want_cached = !args.has("--no-cache");
     const bool want_recompute = args.has("--no-cache") || args.has("--compare");
@@ -164,6 +163,14 @@ int run(int argc, char** argv) {
     std::printf("model: %s (%s, %s%s), loaded in %.2f s\n", dir.c_str(), config.model_type.c_str(),
                 config.describe().c_str(), config.tie_word_embeddings ? ", tied embeddings" : "", load_s);
     std::printf("backend: %s (%s)\n", ex::to_string(backend.backend), backend.why.c_str());
+    if (windowed_layers > 0)
+        std::printf("windowed layers: %d of %d attend to the last %d tokens (config), in a sliding-window cache of "
+                    "that window without sinks\n",
+                    windowed_layers, config.num_layers, checkpoint.sliding_window);
+    if (windowed_layers == config.num_layers)
+        layout_text = "sliding_window (window " + std::to_string(checkpoint.sliding_window) + " from the config, no sinks)";
+    else if (windowed_layers > 0)
+        layout_text += " for the full-attention layers";
     if (want_cached)
         std::printf("cache: %s, %s, kvcache %s backend, %d threads%s\n", layout_text.c_str(),
                     kvcache::to_string(cache.element), on_cuda ? "CUDA" : "CPU", pool.size(),

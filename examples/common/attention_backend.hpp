@@ -38,22 +38,26 @@ inline void round_through(element_kind kind, float* data, std::size_t count) {
 }
 
 /// Attention without a cache: every call holds the whole sequence from position 0,
-/// causal, restricted by the same visibility rule a sliding-window cache applies.
+/// causal. A layer the model windows (model_config::layer_window) sees its window and no
+/// sinks; the other layers see what `visibility` allows, the rule a sliding-window cache
+/// of the full layers applies.
 /// With round_queries_outputs, queries and outputs are rounded through the storage
 /// type too, as the CUDA backend takes and gives them in the cache's element type.
 class recompute_attention final : public attention_backend {
 public:
     recompute_attention(const model_config& config, thread_pool& pool, element_kind storage,
                         attention_visibility visibility = {}, bool round_queries_outputs = false)
-        : heads_(config.heads()), pool_(pool), storage_(storage), visibility_(visibility),
-          round_queries_outputs_(round_queries_outputs) {}
+        : heads_(config.heads()), layer_window_(config.layer_window), pool_(pool), storage_(storage),
+          visibility_(visibility), round_queries_outputs_(round_queries_outputs) {}
 
     void begin_tokens(int first_position, int) override {
         require(first_position == 0, error_code::invalid_argument, "recompute_attention: first_position = ",
                 first_position, " must be 0 (nothing is cached)");
     }
 
-    void attend(int, const float* q, const float* k, const float* v, int tokens, float* out) override {
+    void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
+        const int model_window = layer_window_.empty() ? 0 : layer_window_.at(static_cast<std::size_t>(layer));
+        const attention_visibility visibility = model_window > 0 ? attention_visibility{model_window, 0} : visibility_;
         const int qh = heads_.query_heads, kvh = heads_.kv_heads, d = heads_.head_dim, group = heads_.group_size();
         std::size_t kv_count = static_cast<std::size_t>(tokens) * kvh * d;
         keys_.assign(k, k + kv_count);
@@ -75,7 +79,7 @@ public:
                 const float* qrow = q + (static_cast<std::size_t>(t) * qh + h) * d;
                 float best = -INFINITY;
                 for (int j = 0; j <= t; ++j) {
-                    if (!visibility_.allows(t, j)) {
+                    if (!visibility.allows(t, j)) {
                         scores[j] = -INFINITY;
                         continue;
                     }
@@ -101,6 +105,7 @@ public:
 
 private:
     head_shape heads_;
+    std::vector<int> layer_window_;
     thread_pool& pool_;
     element_kind storage_;
     attention_visibility visibility_;

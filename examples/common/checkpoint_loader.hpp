@@ -4,6 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -27,7 +30,8 @@ inline const char* supported_model_types() noexcept { return "llama, mistral, qw
 /// What a checkpoint's config says beyond the architecture.
 struct checkpoint_config {
     model_config model;
-    int sliding_window = 0;  ///< the model attends only to this many recent tokens; 0: unlimited
+    int sliding_window = 0;  ///< the windowed layers attend only to this many recent tokens; 0: no layer is windowed
+    std::vector<std::string> layer_types;  ///< config field layer_types, one per layer; empty when absent
 };
 
 namespace detail {
@@ -60,6 +64,215 @@ inline bool config_bool(const nlohmann::json& j, const std::string& file, const 
     if (!v) return fallback;
     require(v->is_boolean(), error_code::format_error, file, ": field '", field, "' = ", v->dump(), " is not true/false");
     return v->get<bool>();
+}
+
+// Shortest decimal text that reads back as the same double, for messages ("500000", not "5e+05").
+inline std::string number_text(double v) {
+    char buffer[32];
+    if (v == std::floor(v) && std::fabs(v) < 1e15) {
+        std::snprintf(buffer, sizeof buffer, "%.0f", v);
+        return buffer;
+    }
+    for (int precision = 1; precision <= 17; ++precision) {
+        std::snprintf(buffer, sizeof buffer, "%.*g", precision, v);
+        if (std::strtod(buffer, nullptr) == v) break;
+    }
+    return buffer;
+}
+
+// Rotary settings as one of the config's forms states them, with the field names for messages.
+struct rope_reading {
+    std::string where;        // "rope_parameters." or "rope_scaling." (or a layer type's entry)
+    std::string theta_field;  // empty: this form states no theta
+    double theta = 10000.0;
+    bool has_scaling = false;  // false: this form states nothing about scaling
+    std::string type = "default";
+    rope_scaling scaling;
+};
+
+// The type and scaling fields of a rope_scaling or rope_parameters object.
+inline void read_rope_scaling(const nlohmann::json& s, const std::string& file, const std::string& where,
+                              const char* missing_type, int max_positions, rope_reading& r) {
+    require(s.is_object(), error_code::format_error, file, ": ", where.substr(0, where.size() - 1), " = ", s.dump(),
+            " is not an object");
+    r.has_scaling = true;
+    const nlohmann::json* kind = config_field(s, "rope_type");
+    if (!kind) kind = config_field(s, "type");
+    r.type = kind && kind->is_string() ? kind->get<std::string>() : std::string(missing_type);
+    const std::string sfile = file + " " + where.substr(0, where.size() - 1);
+    rope_scaling& c = r.scaling;
+    if (r.type == "default") {
+    } else if (r.type == "linear") {
+        c.type = rope_scaling::kind::linear;
+        c.factor = config_number(s, sfile, "factor", 1.0);
+    } else if (r.type == "llama3") {
+        c.type = rope_scaling::kind::llama3;
+        c.factor = config_number(s, sfile, "factor", 8.0);
+        c.low_freq_factor = config_number(s, sfile, "low_freq_factor", 1.0);
+        c.high_freq_factor = config_number(s, sfile, "high_freq_factor", 4.0);
+        // transformers fills a missing pre-training length from max_position_embeddings.
+        c.original_max_position_embeddings = config_int(
+            s, sfile, "original_max_position_embeddings",
+            max_positions > 0 ? std::optional<int>(max_positions) : std::nullopt);
+        require(c.high_freq_factor > c.low_freq_factor, error_code::format_error, file, ": ", where,
+                "high_freq_factor must exceed low_freq_factor");
+    } else {
+        throw_error(error_code::unsupported_configuration, file, ": ", where, "rope_type = '", r.type,
+                    "' is not supported (supported: default, linear, llama3)");
+    }
+    require(c.factor > 0.0, error_code::format_error, file, ": ", where, "factor must be positive");
+    const double partial = config_number(s, sfile, "partial_rotary_factor", 1.0);
+    require(partial == 1.0, error_code::unsupported_configuration, file, ": ", where, "partial_rotary_factor = ",
+            number_text(partial), " is not supported (only 1)");
+}
+
+// Refuses two readings that would rotate differently, naming both fields and values.
+inline void require_same_rope(const rope_reading& a, const rope_reading& b, const std::string& file) {
+    auto differ = [&](const std::string& field, const std::string& va, const std::string& vb) {
+        throw_error(error_code::format_error, file, ": ", a.where, field, " = ", va, " disagrees with ", b.where, field, " = ", vb,
+                    "; a config stating both must give the same rotary embedding");
+    };
+    if (!a.theta_field.empty() && !b.theta_field.empty() && a.theta != b.theta)
+        throw_error(error_code::format_error, file, ": ", a.theta_field, " = ", number_text(a.theta), " disagrees with ",
+                    b.theta_field, " = ", number_text(b.theta), "; a config stating both must give the same rotary embedding");
+    if (!a.has_scaling || !b.has_scaling) return;
+    if (a.scaling.type != b.scaling.type) differ("rope_type", "'" + a.type + "'", "'" + b.type + "'");
+    const rope_scaling &x = a.scaling, &y = b.scaling;
+    if (x.type == rope_scaling::kind::none) return;
+    if (x.factor != y.factor) differ("factor", number_text(x.factor), number_text(y.factor));
+    if (x.type != rope_scaling::kind::llama3) return;
+    if (x.low_freq_factor != y.low_freq_factor)
+        differ("low_freq_factor", number_text(x.low_freq_factor), number_text(y.low_freq_factor));
+    if (x.high_freq_factor != y.high_freq_factor)
+        differ("high_freq_factor", number_text(x.high_freq_factor), number_text(y.high_freq_factor));
+    if (x.original_max_position_embeddings != y.original_max_position_embeddings)
+        differ("original_max_position_embeddings", std::to_string(x.original_max_position_embeddings),
+               std::to_string(y.original_max_position_embeddings));
+}
+
+// One flat rope_parameters object (transformers 5): theta and scaling together.
+inline rope_reading read_rope_parameters(const nlohmann::json& p, const std::string& file, const std::string& where,
+                                         int max_positions) {
+    rope_reading r;
+    r.where = where;
+    read_rope_scaling(p, file, where, "default", max_positions, r);
+    if (config_field(p, "rope_theta")) {
+        r.theta_field = where + "rope_theta";
+        r.theta = config_number(p, file + " " + where.substr(0, where.size() - 1), "rope_theta", 10000.0);
+    }
+    return r;
+}
+
+// Rotary settings from either form of config.json: transformers 4's top-level rope_theta and
+// rope_scaling, or transformers 5's rope_parameters (flat, or keyed by layer type). Both may be
+// present; then they must agree, as a reader taking either one would otherwise run another model.
+inline void read_rope(const nlohmann::json& j, const std::string& file, model_config& c) {
+    rope_reading old_form;
+    old_form.where = "rope_scaling.";
+    if (config_field(j, "rope_theta")) {
+        old_form.theta_field = "rope_theta";
+        old_form.theta = config_number(j, file, "rope_theta", 10000.0);
+    }
+    if (const nlohmann::json* s = config_field(j, "rope_scaling"))
+        read_rope_scaling(*s, file, "rope_scaling.", "(missing)", c.max_position_embeddings, old_form);
+    rope_reading chosen = old_form;
+    if (const nlohmann::json* p = config_field(j, "rope_parameters")) {
+        require(p->is_object(), error_code::format_error, file, ": rope_parameters = ", p->dump(), " is not an object");
+        // Keyed by layer type when every entry is an object (a flat one holds numbers and a type name).
+        bool keyed = !p->empty();
+        for (const auto& entry : p->items()) keyed = keyed && entry.value().is_object();
+        if (keyed) {
+            std::optional<rope_reading> first;
+            for (const auto& entry : p->items()) {
+                rope_reading r = read_rope_parameters(entry.value(), file, "rope_parameters." + entry.key() + ".",
+                                                      c.max_position_embeddings);
+                if (r.theta_field.empty()) {  // transformers fills an entry's missing theta from the top level
+                    r.theta = old_form.theta;
+                    r.theta_field = old_form.theta_field.empty() ? "the default rope_theta" : "rope_theta";
+                }
+                // kvcache rotates every layer alike, so the layer types must share one rotation.
+                if (first) require_same_rope(*first, r, file);
+                else first = r;
+            }
+            chosen = *first;
+        } else {
+            chosen = read_rope_parameters(*p, file, "rope_parameters.", c.max_position_embeddings);
+        }
+        require_same_rope(old_form, chosen, file);
+        if (chosen.theta_field.empty()) {
+            chosen.theta_field = old_form.theta_field;
+            chosen.theta = old_form.theta;
+        }
+    }
+    c.rope_theta = chosen.theta;
+    c.scaling = chosen.scaling;
+}
+
+// Config field layer_types: one "full_attention" or "sliding_attention" per layer.
+inline std::vector<std::string> read_layer_types(const nlohmann::json& j, const std::string& file, int layers) {
+    std::vector<std::string> out;
+    const nlohmann::json* v = config_field(j, "layer_types");
+    if (!v) return out;
+    require(v->is_array(), error_code::format_error, file, ": layer_types = ", v->dump(), " is not a list");
+    require(v->size() == static_cast<std::size_t>(layers), error_code::format_error, file, ": layer_types has ",
+            v->size(), " entries but num_hidden_layers = ", layers);
+    for (std::size_t i = 0; i < v->size(); ++i) {
+        const nlohmann::json& t = (*v)[i];
+        const bool known = t.is_string() && (t.get<std::string>() == "full_attention" ||
+                                             t.get<std::string>() == "sliding_attention");
+        require(known, error_code::unsupported_configuration, file, ": layer_types[", i, "] = ", t.dump(),
+                " is not supported (supported: \"full_attention\", \"sliding_attention\")");
+        out.push_back(t.get<std::string>());
+    }
+    return out;
+}
+
+// Which layers attend through a sliding window, as transformers decides it. Mistral windows every
+// layer when sliding_window is set. Qwen2 windows only with use_sliding_window, and then the
+// layers layer_types marks "sliding_attention"; without layer_types (configs older than it), the
+// layers from max_window_layers on.
+inline void read_layer_windows(const nlohmann::json& j, const std::string& file, checkpoint_config& out) {
+    model_config& c = out.model;
+    const std::vector<std::string>& types = out.layer_types;
+    const std::size_t layers = static_cast<std::size_t>(c.num_layers);
+    std::vector<int> window(layers, 0);
+    int size = 0;
+    if (c.model_type == "mistral") {
+        size = config_int(j, file, "sliding_window", 0);
+        // transformers' Mistral ignores layer_types; a list saying otherwise leaves the intent unclear.
+        for (std::size_t i = 0; i < types.size(); ++i)
+            require((types[i] == "sliding_attention") == (size > 0), error_code::unsupported_configuration, file,
+                    ": layer_types[", i, "] = \"", types[i], "\" but model_type mistral ",
+                    size > 0 ? "windows every layer (sliding_window = " + std::to_string(size) + ")"
+                             : std::string("windows no layer (no sliding_window)"),
+                    " whatever layer_types says; refusing rather than guessing which was meant");
+        if (size > 0) std::fill(window.begin(), window.end(), size);
+    } else if (c.model_type == "qwen2") {
+        const bool use = config_bool(j, file, "use_sliding_window", false);
+        if (use) size = config_int(j, file, "sliding_window", 0);
+        if (!types.empty()) {
+            for (std::size_t i = 0; i < layers; ++i) {
+                if (types[i] != "sliding_attention") continue;
+                require(size > 0, error_code::unsupported_configuration, file, ": layer_types[", i,
+                        "] = \"sliding_attention\" but ",
+                        use ? std::string("sliding_window is not set") : std::string("use_sliding_window is false"),
+                        ", so the layer has no window");
+                window[i] = size;
+            }
+        } else if (size > 0) {
+            const int first = config_int(j, file, "max_window_layers", 28);  // transformers' default
+            for (std::size_t i = static_cast<std::size_t>(std::min(first, c.num_layers)); i < layers; ++i)
+                window[i] = size;
+        }
+    } else {
+        for (std::size_t i = 0; i < types.size(); ++i)
+            require(types[i] == "full_attention", error_code::unsupported_configuration, file, ": layer_types[", i,
+                    "] = \"", types[i], "\" is not supported for model_type ", c.model_type,
+                    " (only full_attention)");
+    }
+    const bool any = std::any_of(window.begin(), window.end(), [](int w) { return w > 0; });
+    out.sliding_window = any ? size : 0;
+    if (any) c.layer_window = std::move(window);
 }
 
 inline nlohmann::json read_json_file(const std::string& path) {
@@ -100,42 +313,15 @@ inline checkpoint_config parse_model_config(const nlohmann::json& j, const std::
     c.head_dim = detail::config_int(j, file, "head_dim", c.hidden_size / c.num_query_heads);
     c.intermediate_size = detail::config_int(j, file, "intermediate_size", std::nullopt);
     c.rms_norm_eps = static_cast<float>(detail::config_number(j, file, "rms_norm_eps", 1e-6));
-    c.rope_theta = detail::config_number(j, file, "rope_theta", 10000.0);
     c.tie_word_embeddings = detail::config_bool(j, file, "tie_word_embeddings", false);
     c.max_position_embeddings = detail::config_int(j, file, "max_position_embeddings", 0);
     // Qwen2 always has q/k/v biases and no o_proj bias; Llama's attention_bias puts one on all four.
     c.attention_bias = c.model_type == "qwen2" ? true : detail::config_bool(j, file, "attention_bias", false);
     c.output_bias = c.model_type == "qwen2" ? false : c.attention_bias;
 
-    if (const nlohmann::json* s = detail::config_field(j, "rope_scaling")) {
-        require(s->is_object(), error_code::format_error, file, ": rope_scaling is not an object");
-        const nlohmann::json* kind = detail::config_field(*s, "rope_type");
-        if (!kind) kind = detail::config_field(*s, "type");
-        std::string name = kind && kind->is_string() ? kind->get<std::string>() : std::string("(missing)");
-        std::string sfile = file + " rope_scaling";
-        if (name == "default") {
-        } else if (name == "linear") {
-            c.scaling.type = rope_scaling::kind::linear;
-            c.scaling.factor = detail::config_number(*s, sfile, "factor", 1.0);
-        } else if (name == "llama3") {
-            c.scaling.type = rope_scaling::kind::llama3;
-            c.scaling.factor = detail::config_number(*s, sfile, "factor", 8.0);
-            c.scaling.low_freq_factor = detail::config_number(*s, sfile, "low_freq_factor", 1.0);
-            c.scaling.high_freq_factor = detail::config_number(*s, sfile, "high_freq_factor", 4.0);
-            c.scaling.original_max_position_embeddings =
-                detail::config_int(*s, sfile, "original_max_position_embeddings", 8192);
-            require(c.scaling.high_freq_factor > c.scaling.low_freq_factor, error_code::format_error, file,
-                    ": rope_scaling.high_freq_factor must exceed low_freq_factor");
-        } else {
-            throw_error(error_code::unsupported_configuration, file, ": rope_scaling.rope_type = '", name,
-                        "' is not supported (supported: default, linear, llama3)");
-        }
-        require(c.scaling.factor > 0.0, error_code::format_error, file, ": rope_scaling.factor must be positive");
-    }
-    // Mistral always honours sliding_window; Qwen2 only when use_sliding_window is set.
-    bool windowed = c.model_type == "mistral" ||
-                    (c.model_type == "qwen2" && detail::config_bool(j, file, "use_sliding_window", false));
-    if (windowed) out.sliding_window = detail::config_int(j, file, "sliding_window", 0);
+    detail::read_rope(j, file, c);
+    out.layer_types = detail::read_layer_types(j, file, c.num_layers);
+    detail::read_layer_windows(j, file, out);
     try {
         c.validate();
     } catch (const error& e) {

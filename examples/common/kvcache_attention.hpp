@@ -1,10 +1,15 @@
 // The cached attention path: the model's K/V go into a kvcache owner
 // (contiguous, paged or sliding window) through cpu::append, and attention
-// reads them back with cpu::prefill_attention / cpu::decode_attention.
+// reads them back with cpu::prefill_attention / cpu::decode_attention. Layers
+// the model itself windows (Mistral; some Qwen2 layers) go into a separate
+// sliding-window owner holding only the window.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/attention_backend.hpp"
@@ -65,14 +70,38 @@ private:
     std::vector<sequence_id> batch_;
 };
 
-/// Which cache the cached path uses.
+/// attention_backend that hands each layer to one of several backends under that backend's own
+/// layer number, so the layers of one model can live in owners of different layouts.
+class layer_router final : public attention_backend {
+public:
+    /// route[l]: the backend of model layer l and the layer's number in it.
+    explicit layer_router(std::vector<std::pair<attention_backend*, int>> route) : route_(std::move(route)) {
+        for (const auto& r : route_)
+            if (std::find(backends_.begin(), backends_.end(), r.first) == backends_.end()) backends_.push_back(r.first);
+    }
+
+    void begin_tokens(int first_position, int tokens) override {
+        for (attention_backend* b : backends_) b->begin_tokens(first_position, tokens);
+    }
+
+    void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
+        const auto& r = route_.at(static_cast<std::size_t>(layer));
+        r.first->attend(r.second, q, k, v, tokens, out);
+    }
+
+private:
+    std::vector<std::pair<attention_backend*, int>> route_;
+    std::vector<attention_backend*> backends_;
+};
+
+/// Which cache the cached path uses for the layers the model does not window.
 struct cache_options {
     layout_kind layout = layout_kind::paged;
     element_kind element = element_kind::fp32;
     int page_size = 16;      ///< paged
     int window = 256;        ///< sliding window: recent keys a query sees
     int sinks = 4;           ///< sliding window: first positions kept forever
-    int prefill_chunk = 64;  ///< sliding window: the prompt goes in chunks of this many tokens
+    int prefill_chunk = 64;  ///< sliding window, and models with windowed layers: the prompt goes in chunks of this many tokens
 
     /// The visibility rule the cache applies, for the recompute path to match.
     attention_visibility visibility() const noexcept {
@@ -104,31 +133,74 @@ cached_generation generate_in(Cache& cache, llama_model& model, const std::vecto
     return result;
 }
 
-// Memory and Attention let the CUDA path (cuda_attention.hpp) reuse the owner set-up with
-// device-memory owners and its own attention_backend.
-template <class Element, class Heads, class Memory = host_memory, template <class> class Attention = kvcache_attention>
-cached_generation generate_with_element(llama_model& model, const std::vector<int>& prompt, int new_tokens,
-                                        const cache_options& cache, generation_options options) {
-    const int layers = model.config().num_layers;
-    const int total = static_cast<int>(prompt.size()) + new_tokens;
+// The owner of `layers` layers in the layout the options choose, handed to f(owner).
+template <class Element, class Heads, class Memory, class F>
+cached_generation with_owner(const cache_options& cache, int layers, int total, F&& f) {
     switch (cache.layout) {
     case layout_kind::contiguous: {
         static_cache<Element, Heads, Memory> owner(layers, 1, total);
-        return generate_in<Attention>(owner, model, prompt, new_tokens, options);
+        return f(owner);
     }
     case layout_kind::paged: {
         require(cache.page_size > 0, error_code::invalid_argument, "page size ", cache.page_size, " must be positive");
         paged_cache<Element, Heads, Memory> owner(layers, (total + cache.page_size - 1) / cache.page_size,
                                                   cache.page_size, false);
-        return generate_in<Attention>(owner, model, prompt, new_tokens, options);
+        return f(owner);
     }
     case layout_kind::sliding_window: {
         sliding_window_cache<Element, Heads, Memory> owner(layers, 1, cache.window, cache.sinks, cache.prefill_chunk);
-        options.prefill_chunk = cache.prefill_chunk;
-        return generate_in<Attention>(owner, model, prompt, new_tokens, options);
+        return f(owner);
     }
     }
     throw_error(error_code::invalid_argument, "unknown layout");
+}
+
+// Memory and Attention let the CUDA path (cuda_attention.hpp) reuse the owner set-up with
+// device-memory owners and its own attention_backend.
+// Layers the model windows always go into a sliding-window owner with the model's window and no
+// sinks: that is their attention, and it needs memory for the window alone. The other layers go
+// into the layout the options choose.
+template <class Element, class Heads, class Memory = host_memory, template <class> class Attention = kvcache_attention>
+cached_generation generate_with_element(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                        const cache_options& cache, generation_options options) {
+    const model_config& c = model.config();
+    const int total = static_cast<int>(prompt.size()) + new_tokens;
+    std::vector<int> full, windowed;
+    int window = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+        const int w = c.window_of(l);
+        if (w == 0) {
+            full.push_back(l);
+            continue;
+        }
+        require(window == 0 || window == w, error_code::unsupported_configuration, "layer ", l, " has window ", w,
+                " but an earlier layer has ", window, "; the cached path holds one model window");
+        window = w;
+        windowed.push_back(l);
+    }
+    if (cache.layout == layout_kind::sliding_window || !windowed.empty()) options.prefill_chunk = cache.prefill_chunk;
+    if (windowed.empty())
+        return with_owner<Element, Heads, Memory>(cache, c.num_layers, total, [&](auto& owner) {
+            return generate_in<Attention>(owner, model, prompt, new_tokens, options);
+        });
+    using window_owner = sliding_window_cache<Element, Heads, Memory>;
+    window_owner windows(static_cast<int>(windowed.size()), 1, window, 0, cache.prefill_chunk);
+    if (full.empty()) return generate_in<Attention>(windows, model, prompt, new_tokens, options);
+    return with_owner<Element, Heads, Memory>(cache, static_cast<int>(full.size()), total, [&](auto& owner) {
+        using full_owner = std::decay_t<decltype(owner)>;
+        cached_generation result;
+        {
+            Attention<full_owner> full_attention(owner);
+            Attention<window_owner> window_attention(windows);
+            std::vector<std::pair<attention_backend*, int>> route(static_cast<std::size_t>(c.num_layers));
+            for (std::size_t i = 0; i < full.size(); ++i) route[full[i]] = {&full_attention, static_cast<int>(i)};
+            for (std::size_t i = 0; i < windowed.size(); ++i) route[windowed[i]] = {&window_attention, static_cast<int>(i)};
+            layer_router router(std::move(route));
+            result.trace = generate(model, prompt, new_tokens, router, generation_mode::cached, options);
+        }
+        result.bytes_reserved = owner.bytes_reserved() + windows.bytes_reserved();
+        return result;
+    });
 }
 
 }  // namespace detail

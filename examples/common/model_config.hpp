@@ -2,7 +2,10 @@
 // needs to know about shapes, normalisation and rotary embedding.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/heads.hpp"
@@ -17,6 +20,14 @@ struct rope_scaling {
     double low_freq_factor = 1.0;               ///< llama3
     double high_freq_factor = 4.0;              ///< llama3
     int original_max_position_embeddings = 8192;  ///< llama3
+};
+
+/// Bounds on sizes derived from config fields. Each field is bounded alone when parsed; these
+/// bound the products, which the forward pass uses as int widths and as buffer sizes.
+struct model_limits {
+    static constexpr std::int64_t max_width = std::int64_t(1) << 24;            ///< q_width, kv_width
+    static constexpr std::int64_t max_tensor_elements = std::int64_t(1) << 36;  ///< any one weight tensor
+    static constexpr std::int64_t max_parameters = std::int64_t(1) << 40;       ///< all weights together
 };
 
 /// Shapes and constants of a Llama-architecture decoder (Llama, Mistral, Qwen2 checkpoints).
@@ -36,6 +47,14 @@ struct model_config {
     bool attention_bias = false;  ///< q/k/v projections carry a bias (Qwen2; Llama with attention_bias)
     bool output_bias = false;     ///< o_proj carries a bias (Llama with attention_bias, not Qwen2)
     int max_position_embeddings = 0;  ///< 0: unknown, not enforced
+    /// Per layer, how many recent keys (the query's own included) the model attends to; 0: all.
+    /// Empty: every layer attends to all. Hugging Face windows only some layers of Qwen2.
+    std::vector<int> layer_window;
+
+    /// The window of one layer (0: full attention).
+    int window_of(int layer) const noexcept {
+        return layer_window.empty() ? 0 : layer_window[static_cast<std::size_t>(layer)];
+    }
 
     int q_width() const noexcept { return num_query_heads * head_dim; }
     int kv_width() const noexcept { return num_kv_heads * head_dim; }
@@ -63,6 +82,45 @@ struct model_config {
                 " must be positive");
         require(rope_theta > 0.0, error_code::invalid_argument, "model config: rope_theta = ", rope_theta,
                 " must be positive");
+        require(layer_window.empty() || layer_window.size() == static_cast<std::size_t>(num_layers),
+                error_code::invalid_argument, "model config: ", layer_window.size(),
+                " per-layer windows for num_hidden_layers = ", num_layers);
+        for (std::size_t l = 0; l < layer_window.size(); ++l)
+            require(layer_window[l] >= 0, error_code::invalid_argument, "model config: the window of layer ", l, " = ",
+                    layer_window[l], " must not be negative");
+        validate_sizes();
+    }
+
+    /// Throws kvcache::error naming the fields whose product or sum passes a model_limits bound.
+    void validate_sizes() const {
+        // Operands are positive (validate() checked them) and each already within its bound, so
+        // a <= limit / b decides a * b <= limit without computing an overflowing product.
+        auto product = [](std::int64_t a, std::int64_t b, std::int64_t limit, const char* what, const char* limit_name) {
+            require(a <= limit / b, error_code::invalid_argument, "model config: ", what, " = ", a, " * ", b, " = ",
+                    static_cast<unsigned long long>(a) * static_cast<unsigned long long>(b), " exceeds the limit ",
+                    limit, " (", limit_name, ")");
+            return a * b;
+        };
+        using L = model_limits;
+        const std::int64_t q = product(num_query_heads, head_dim, L::max_width, "num_attention_heads * head_dim", "q_width");
+        const std::int64_t kv =
+            product(num_kv_heads, head_dim, L::max_width, "num_key_value_heads * head_dim", "kv_width");
+        const std::int64_t hidden = hidden_size, ffn = intermediate_size;
+        const std::int64_t embedding =
+            product(vocab_size, hidden, L::max_tensor_elements, "vocab_size * hidden_size", "elements of one tensor");
+        const std::int64_t wq = product(q, hidden, L::max_tensor_elements, "num_attention_heads * head_dim * hidden_size",
+                                        "elements of one tensor");
+        const std::int64_t wk = product(kv, hidden, L::max_tensor_elements,
+                                        "num_key_value_heads * head_dim * hidden_size", "elements of one tensor");
+        const std::int64_t mlp = product(ffn, hidden, L::max_tensor_elements, "intermediate_size * hidden_size",
+                                         "elements of one tensor");
+        // Each term is at most 2^36, so the sum of a dozen stays far inside int64.
+        const std::int64_t per_layer = 2 * hidden + 2 * wq + 2 * wk + 3 * mlp + q + 2 * kv + hidden;
+        const std::int64_t outside_layers = 2 * embedding + hidden;
+        require(per_layer <= (L::max_parameters - outside_layers) / num_layers, error_code::invalid_argument,
+                "model config: num_hidden_layers = ", num_layers, " layers of ", per_layer,
+                " parameters each (from hidden_size, num_attention_heads, num_key_value_heads, head_dim and "
+                "intermediate_size) exceed the limit of ", L::max_parameters, " parameters in all");
     }
 
     /// "4 layers, hidden 256, 8q/2kv/d32, ffn 688, vocab 1024"

@@ -10,8 +10,10 @@
 
 #include "checkpoint_writer.hpp"
 #include "common/checkpoint_loader.hpp"
+#include "naive_cache_attention.hpp"
 #include "support/cached_generation.hpp"
 #include "support/scratch_dir.hpp"
+#include "common/device_attention.hpp"
 #include "common/kvcache_attention.hpp"
 
 using namespace kvcache::examples;
@@ -88,6 +90,81 @@ TEST_CASE("the loaded checkpoint generates the same ids cached (every layout, fp
         auto fast = generate_with_kvcache<heads>(model, prompt, 16, cache).trace;
         CHECK(slow.tokens == fast.tokens);
     });
+}
+
+TEST_CASE("a config in transformers 5's form (rope_parameters) runs the model its transformers 4 form describes") {
+    thread_pool pool(2);
+    model_config c = tiny_config("llama");
+    c.rope_theta = 500000.0;
+    auto weights = make_random_weights(c, 21);
+    // original_max_position_embeddings 16 puts the head's frequencies in all three llama3 bands.
+    const std::string scaling = R"("rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 16)";
+    std::string v4 = fresh_dir("rope_v4"), v5 = fresh_dir("rope_v5"), plain = fresh_dir("rope_plain");
+    write_checkpoint(v4, weights, {"F32"}, 1, "\"rope_scaling\": {" + scaling + "},\n  ");
+    write_checkpoint(v5, weights, {"F32"}, 1, "", scaling);
+    model_config unscaled = c;
+    unscaled.rope_theta = 10000.0;
+    model_weights unscaled_weights = weights;
+    unscaled_weights.config = unscaled;
+    write_checkpoint(plain, unscaled_weights, {"F32"});
+    std::vector<int> prompt{1, 5, 9, 200, 17, 3, 3, 44, 9, 12, 80, 7, 7, 101, 2, 19};
+    generation_options keep;
+    keep.keep_logits = true;
+    auto run = [&](const std::string& dir) {
+        llama_model model(load_checkpoint(dir, read_model_config(dir)), pool);
+        recompute_attention recompute(model.config(), pool, kvcache::element_kind::fp32);
+        return generate(model, prompt, 6, recompute, generation_mode::recompute, keep);
+    };
+    auto old_form = run(v4), new_form = run(v5), default_rope = run(plain);
+    CHECK(new_form.tokens == old_form.tokens);
+    CHECK(largest_logit_difference(new_form, old_form) == 0.0);
+    // The scaling and theta change the logits at this length, so reading them matters.
+    CHECK(largest_logit_difference(default_rope, old_form) > 1e-3);
+}
+
+TEST_CASE("Qwen2 windowing some layers: cached (every layout) equals recomputed, and both the naive per-layer windows") {
+    using heads = kvcache::head_config<4, 2, 16>;
+    thread_pool pool(2);
+    model_config c = tiny_config("qwen2");
+    c.num_layers = 3;
+    std::string dir = fresh_dir("qwen2_mixed");
+    // layer_types decides over max_window_layers (which alone would window layers 1 and 2).
+    write_checkpoint(dir, make_random_weights(c, 13), {"F32"}, 1,
+                     "\"use_sliding_window\": true,\n  \"sliding_window\": 4,\n  \"max_window_layers\": 1,\n  "
+                     "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"],\n  ");
+    auto config = read_model_config(dir);
+    CHECK(config.sliding_window == 4);
+    llama_model model(load_checkpoint(dir, config), pool);
+    std::vector<int> prompt{1, 5, 9, 200, 17, 3, 3, 44};
+    generation_options keep;
+    keep.keep_logits = true;
+    // Plain vectors, double precision, windows given here: no kvcache and no config parsing.
+    testing::naive_cache_attention naive(model.config(), {4, 0, 4});
+    auto expected = generate(model, prompt, 12, naive, generation_mode::cached, keep);
+    testing::naive_cache_attention unwindowed(model.config());
+    auto full = generate(model, prompt, 12, unwindowed, generation_mode::cached, keep);
+    REQUIRE(largest_logit_difference(full, expected) > 1e-2);  // the windows matter at this length
+    recompute_attention plain(model.config(), pool, kvcache::element_kind::fp32);
+    auto recomputed = generate(model, prompt, 12, plain, generation_mode::recompute, keep);
+    CHECK(recomputed.tokens == expected.tokens);
+    CHECK(largest_logit_difference(recomputed, expected) < 1e-4);
+    for_each_cache_kind(4, 8, 2, 4, [&](const cache_options& cache) {
+        recompute_attention recompute(model.config(), pool, cache.element, cache.visibility());
+        auto slow = generate(model, prompt, 12, recompute, generation_mode::recompute, keep);
+        auto fast = generate_with_kvcache<heads>(model, prompt, 12, cache, keep).trace;
+        CHECK(slow.tokens == fast.tokens);
+        CHECK(largest_logit_difference(fast, slow) < 1e-3);
+        if (cache.element == kvcache::element_kind::fp32 && cache.layout != kvcache::layout_kind::sliding_window) {
+            CHECK(fast.tokens == expected.tokens);
+            CHECK(largest_logit_difference(fast, expected) < 1e-4);
+        }
+    });
+    // The GPU path's steps (device_attention, one per owner) on the SIMT emulator.
+    cache_options paged;
+    auto emulated = generate_with_kvcache_emulated<heads>(model, prompt, 12, paged, keep).trace;
+    CHECK(emulated.tokens == expected.tokens);
+    CHECK(largest_logit_difference(emulated, expected) < 1e-4);
 }
 
 TEST_CASE("bad checkpoints: one error naming the file and the tensor") {

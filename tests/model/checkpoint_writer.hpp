@@ -78,14 +78,18 @@ inline void write_text(const std::string& path, const std::string& text) {
 }
 
 /// config.json for a model_config, in Hugging Face's field names; `extra` adds fields ("\"a\": 1,\n").
-inline std::string config_json(const model_config& c, const std::string& extra = "") {
+/// With `rope_parameters` (the object's fields but rope_theta: "\"rope_type\": \"default\""), the
+/// rotary settings are written as transformers 5 does: rope_parameters, no top-level rope_theta.
+inline std::string config_json(const model_config& c, const std::string& extra = "", const std::string& rope_parameters = "") {
     auto s = [](const auto& v) { return std::to_string(v); };
     return "{\n  " + extra + "\"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"" + c.model_type +
            "\",\n  \"vocab_size\": " + s(c.vocab_size) + ",\n  \"hidden_size\": " + s(c.hidden_size) +
            ",\n  \"num_hidden_layers\": " + s(c.num_layers) + ",\n  \"num_attention_heads\": " + s(c.num_query_heads) +
            ",\n  \"num_key_value_heads\": " + s(c.num_kv_heads) + ",\n  \"head_dim\": " + s(c.head_dim) +
-           ",\n  \"intermediate_size\": " + s(c.intermediate_size) + ",\n  \"rms_norm_eps\": 1e-05,\n  \"rope_theta\": " +
-           s(c.rope_theta) + ",\n  \"hidden_act\": \"silu\",\n  \"tie_word_embeddings\": " +
+           ",\n  \"intermediate_size\": " + s(c.intermediate_size) + ",\n  \"rms_norm_eps\": 1e-05,\n  " +
+           (rope_parameters.empty() ? "\"rope_theta\": " + s(c.rope_theta)
+                                    : "\"rope_parameters\": {" + rope_parameters + ", \"rope_theta\": " + s(c.rope_theta) + "}") +
+           ",\n  \"hidden_act\": \"silu\",\n  \"tie_word_embeddings\": " +
            (c.tie_word_embeddings ? "true" : "false") + ",\n  \"attention_bias\": " +
            (c.model_type != "qwen2" && c.attention_bias ? "true" : "false") + ",\n  \"torch_dtype\": \"float32\"\n}\n";
 }
@@ -142,11 +146,12 @@ inline model_config tiny_config(const std::string& model_type = "llama") {
     return c;
 }
 
-/// Writes config.json and the weights as one file, or as `shards` files with an index.
+/// Writes config.json (config_json's `extra` and `rope_parameters`) and the weights as one file, or
+/// as `shards` files with an index.
 inline void write_checkpoint(const std::string& dir, const model_weights& w, const std::vector<std::string>& dtypes,
-                             int shards = 1, const std::string& extra_config = "") {
+                             int shards = 1, const std::string& extra_config = "", const std::string& rope_parameters = "") {
     std::filesystem::create_directories(dir);
-    write_text(dir + "/config.json", config_json(w.config, extra_config));
+    write_text(dir + "/config.json", config_json(w.config, extra_config, rope_parameters));
     auto tensors = checkpoint_tensors(w, dtypes);
     if (shards == 1) {
         write_bytes(dir + "/model.safetensors", safetensors_bytes(tensors));

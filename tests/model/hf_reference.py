@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An independent reference for 06_llama: the Hugging Face Llama/Qwen2/Mistral
 forward pass written from the transformers formulas (rotate_half with
-concatenated cos/sin, repeat_kv, RMSNorm in float, llama3 rope scaling) in
+concatenated cos/sin, repeat_kv, RMSNorm in float, llama3 rope scaling,
+sliding windows per layer) in
 plain Python double precision, reading the safetensors file with nothing but
 the standard library. It runs 06_llama (--no-cache and cached, --dump-logits)
 on the same checkpoint and prompt, and checks every step's logits and the
@@ -62,17 +63,28 @@ def rms_norm(x, weight, eps):
     return [w * (v * scale) for v, w in zip(x, weight)]
 
 
-def inv_frequencies(cfg, dim):
-    theta = cfg.get("rope_theta", 10000.0)
+def rope_settings(cfg, layer_type):
+    """(theta, scaling dict or None) for one layer, the way transformers reads a config: an old-style
+    rope_scaling object takes the place of rope_parameters, a top-level rope_theta is only the default
+    for a rope_parameters object without one, and rope_parameters may hold one object per layer type."""
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if layer_type in params and isinstance(params[layer_type], dict):
+        params = params[layer_type]
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    return theta, (None if kind == "default" else dict(params, rope_type=kind))
+
+
+def inv_frequencies(cfg, dim, layer_type="full_attention"):
+    theta, scaling = rope_settings(cfg, layer_type)
     inv = [1.0 / (theta ** (i / dim)) for i in range(0, dim, 2)]
-    scaling = cfg.get("rope_scaling")
     if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
+        kind = scaling["rope_type"]
         if kind == "linear":
             inv = [f / scaling["factor"] for f in inv]
         elif kind == "llama3":
             factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-            old = scaling["original_max_position_embeddings"]
+            old = scaling.get("original_max_position_embeddings", cfg.get("max_position_embeddings"))
             low_wavelen, high_wavelen = old / low, old / high
             out = []
             for f in inv:
@@ -83,6 +95,8 @@ def inv_frequencies(cfg, dim):
                     scaled = (1 - smooth) * scaled / factor + smooth * scaled
                 out.append(scaled)
             inv = out
+        else:
+            raise SystemExit("the reference has no rope_type " + kind)
     return inv
 
 
@@ -94,7 +108,25 @@ def rotate(x, position, inv):
     return [xi * math.cos(e) + ri * math.sin(e) for xi, ri, e in zip(x, rotated_half, emb)]
 
 
-def forward_last_logits(cfg, t, ids, window):
+def layer_windows(cfg):
+    """Per layer, the number of recent keys a query attends to (0: all), by transformers' rules:
+    Mistral windows every layer when sliding_window is set; Qwen2 only when use_sliding_window is
+    true, and then the layers layer_types calls "sliding_attention", or without layer_types the
+    layers from max_window_layers on."""
+    layers = cfg["num_hidden_layers"]
+    if cfg["model_type"] == "mistral":
+        return [cfg.get("sliding_window") or 0] * layers
+    if cfg["model_type"] != "qwen2" or not cfg.get("use_sliding_window", False):
+        return [0] * layers
+    size = cfg.get("sliding_window") or 0
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if size and i >= cfg.get("max_window_layers", 28) else "full_attention"
+                 for i in range(layers)]
+    return [size if kind == "sliding_attention" else 0 for kind in types]
+
+
+def forward_last_logits(cfg, t, ids, windows):
     hidden = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or heads
@@ -108,6 +140,7 @@ def forward_last_logits(cfg, t, ids, window):
     x = [list(embed[i]) for i in ids]
     n = len(ids)
     for layer in range(cfg["num_hidden_layers"]):
+        window = windows[layer]
         p = "model.layers.%d." % layer
         g = lambda name: t[p + name][1]
         m = lambda name: matrix(t, p + name)
@@ -163,11 +196,11 @@ def main():
     extra = sys.argv[5:]
     cfg = json.load(open(os.path.join(model, "config.json")))
     tensors = read_safetensors(os.path.join(model, "model.safetensors"))
-    window = cfg.get("sliding_window") or 0 if cfg["model_type"] == "mistral" else 0
+    windows = layer_windows(cfg)
     ids = [int(v) for v in prompt_text.split(",")]
     reference, generated = [], []
     for _ in range(steps):
-        logits = forward_last_logits(cfg, tensors, ids + generated, window)
+        logits = forward_last_logits(cfg, tensors, ids + generated, windows)
         reference.append(logits)
         generated.append(max(range(len(logits)), key=lambda i: (logits[i], -i)))
     worst_all = 0.0

@@ -26,7 +26,8 @@ namespace kvcache {
 /// full and its rows written (at the sequence's next begin_append, publish()
 /// or remove_sequence()), it is indexed by the chained hash of its tokens.
 /// match_prefix() on a new sequence shares the longest run of indexed pages.
-/// Unreferenced indexed pages stay until the pool runs short (LRU eviction).
+/// Unreferenced indexed pages stay until the pool runs short (LRU eviction,
+/// the ends of chains first).
 /// @tparam Element stored element type (float or kvcache::half)
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
@@ -115,6 +116,8 @@ public:
     /// Shares the longest run of cached full pages matching token_ids with
     /// the empty sequence id, and returns the tokens covered (a multiple of
     /// page_size). invalid_argument when the sequence is not empty.
+    /// Pass every prompt token but the last: that one must still run through
+    /// the model for its logits, so a match never covers it.
     int match_prefix(sequence_id id, const std::vector<std::int32_t>& token_ids) {
         state& s = sequences_.at(id);
         require(s.length == 0, error_code::invalid_argument, "match_prefix needs an empty sequence; sequence ", id,

@@ -9,6 +9,7 @@
 
 #include "device_runs.hpp"
 #include "kvcache/execution.hpp"
+#include "kvcache/testing.hpp"
 #include "test_bodies.hpp"
 
 using namespace kvcache_test;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvcache/execution.hpp"
+#include "kvcache/testing.hpp"
 
 namespace {
 

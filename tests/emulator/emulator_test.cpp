@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvcache/execution.hpp"
+#include "kvcache/testing.hpp"
 #include "test_bodies.hpp"
 
 using namespace kvcache_test;

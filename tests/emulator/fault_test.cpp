@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvcache/execution.hpp"
+#include "kvcache/testing.hpp"
 #include "test_bodies.hpp"
 
 using namespace kvcache_test;

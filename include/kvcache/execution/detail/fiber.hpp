@@ -6,6 +6,9 @@
 // whose swapcontext costs a sigprocmask system call per switch.
 #pragma once
 
+// Seen by tests/hygiene: the umbrella header must not bring fibers in.
+#define KVCACHE_DETAIL_FIBERS_INCLUDED 1
+
 #include <cstddef>
 #include <cstdint>
 #include <new>

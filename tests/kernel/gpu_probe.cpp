@@ -64,7 +64,9 @@ int run() {
     element* new_values = managed<element>(rows);
     unsigned state = 7;
     for (std::size_t i = 0; i < rows; ++i) new_keys[i] = element(next_random(state)), new_values[i] = element(next_random(state));
-    kvcache::cuda::append(view, new_keys, new_values, offsets);
+    using kvcache::span;
+    kvcache::cuda::append(view, span<const element>(new_keys, rows), span<const element>(new_values, rows),
+                          span<const int>(offsets, batch + 1));
 
     int* query_offsets = managed<int>(batch + 1);
     query_offsets[0] = 0;
@@ -74,16 +76,20 @@ int run() {
     for (std::size_t i = 0; i < prefill_rows * heads::head_dim; ++i) queries[i] = element(3.0f * next_random(state));
     element* prefill_out = managed<element>(prefill_rows * heads::head_dim);
     element* decode_out = managed<element>(std::size_t(batch) * heads::query_heads * heads::head_dim);
+    const std::size_t decode_elements = std::size_t(batch) * heads::query_heads * heads::head_dim;
+    const span<const element> query_rows(queries, prefill_rows * heads::head_dim);
+    const span<const int> query_offset_rows(query_offsets, batch + 1);
     kvcache::attention_options options;
-    kvcache::cuda::prefill_attention(view, queries, query_offsets, prefill_out, options);
+    kvcache::cuda::prefill_attention(view, query_rows, query_offset_rows,
+                                     span<element>(prefill_out, prefill_rows * heads::head_dim), options);
     options.kv_splits = 3;
-    kvcache::cuda::decode_attention(view, queries, decode_out, options);
+    kvcache::cuda::decode_attention(view, query_rows, span<element>(decode_out, decode_elements), options);
     if (cudaDeviceSynchronize() != cudaSuccess) {
         std::printf("kvcache gpu probe: kernel failed: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
     }
-    const auto prefill_expected = kvcache::reference::prefill_attention_exact(view, queries, query_offsets, options);
-    const auto decode_expected = kvcache::reference::decode_attention_exact(view, queries, options);
+    const auto prefill_expected = kvcache::reference::prefill_attention_exact(view, query_rows, query_offset_rows, options);
+    const auto decode_expected = kvcache::reference::decode_attention_exact(view, query_rows, options);
     double worst = 0.0;
     for (std::size_t i = 0; i < prefill_expected.outputs.size(); ++i)
         worst = std::fmax(worst, std::fabs(float(prefill_out[i]) - prefill_expected.outputs[i]));

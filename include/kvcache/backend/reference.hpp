@@ -92,9 +92,7 @@ void attend_sequence(const Layout& view, int sequence, int tokens, const Query* 
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const double scale = options.softmax_scale != 0.0f ? options.softmax_scale : 1.0 / std::sqrt(double(dim));
-    const int length = view.length(sequence);
-    require(tokens <= length, error_code::invalid_argument, "sequence ", sequence, " has ", tokens,
-            " query tokens but only length ", length);
+    const int length = view.length(sequence);  // tokens <= length: checked by check_offsets for every caller
     std::vector<double> query(dim);
     for (int kv = 0; kv < heads::kv_heads; ++kv) {
         const gathered_rows rows = gather(view, sequence, kv);

@@ -17,83 +17,79 @@ namespace kvcache {
 namespace cuda {
 namespace detail {
 
-/// Stream-ordered scratch memory: allocated and freed on the stream, so a
-/// split decode needs no device-wide synchronisation.
+/// Scratch memory for a split decode: the backend's workspace when it is
+/// large enough, else allocated and freed on the stream (stream-ordered, so no
+/// device-wide synchronisation).
 /// @tparam T element type
 template <class T>
 class stream_workspace {
 public:
-    stream_workspace(std::size_t count, cudaStream_t stream) : stream_(stream) {
+    stream_workspace(std::size_t count, span<T> given, cudaStream_t stream) : stream_(stream) {
+        if (given.size() >= count) {
+            data_ = given.data();
+            return;
+        }
         KVCACHE_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data_), count * sizeof(T), stream));
+        owned_ = true;
     }
-    stream_workspace(stream_workspace&& other) noexcept : data_(other.data_), stream_(other.stream_) { other.data_ = nullptr; }
+    stream_workspace(stream_workspace&& other) noexcept
+        : data_(other.data_), stream_(other.stream_), owned_(other.owned_) {
+        other.owned_ = false;
+    }
     stream_workspace(const stream_workspace&) = delete;
     stream_workspace& operator=(const stream_workspace&) = delete;
     stream_workspace& operator=(stream_workspace&&) = delete;
     ~stream_workspace() {
-        if (data_) (void)cudaFreeAsync(data_, stream_);
+        if (owned_) (void)cudaFreeAsync(data_, stream_);
     }
     T* data() const noexcept { return data_; }
 
 private:
     T* data_ = nullptr;
     cudaStream_t stream_;
+    bool owned_ = false;
 };
-
-/// Multiprocessors of the current device (asked once per device).
-inline int current_multiprocessors() {
-    int device = 0;
-    KVCACHE_CUDA_CHECK(cudaGetDevice(&device));
-    static thread_local int cached_device = -1;
-    static thread_local int cached_count = 0;
-    if (device != cached_device) {
-        KVCACHE_CUDA_CHECK(cudaDeviceGetAttribute(&cached_count, cudaDevAttrMultiProcessorCount, device));
-        cached_device = device;
-    }
-    return cached_count;
-}
 
 /// The Launcher policy of launch_sequence.hpp over kvcache::launch on a stream.
 struct stream_launcher {
     cudaStream_t stream;
+    span<float> given_workspace;
     int multiprocessors() const { return current_multiprocessors(); }
     template <class Body, class Params>
     void launch(index3 grid, std::size_t shared_bytes, const Params& params) {
         kvcache::launch<Body>(grid, shared_bytes, stream, params);
     }
-    template <class T>
-    stream_workspace<T> workspace(std::size_t count) {
-        return stream_workspace<T>(count, stream);
-    }
+    stream_workspace<float> workspace(std::size_t count) { return stream_workspace<float>(count, given_workspace, stream); }
 };
 
-template <class Layout>
-void instantiation<Layout>::append(const Layout& view, const element* keys, const element* values,
-                                   const int* new_token_offsets, cudaStream_t stream) {
-    stream_launcher launcher{stream};
-    kvcache::detail::run_append(launcher, view, keys, values, new_token_offsets);
+template <class Layout, class Query>
+void instantiation<Layout, Query>::append(const Layout& view, const Query* keys, const Query* values,
+                                          const int* new_token_offsets, const int* positions, cudaStream_t stream) {
+    stream_launcher launcher{stream, {}};
+    kvcache::detail::run_append(launcher, view, keys, values, new_token_offsets, positions);
 }
 
-template <class Layout>
-void instantiation<Layout>::decode(const Layout& view, const element* queries, element* outputs, float* lse,
-                                   const attention_options& options, cudaStream_t stream) {
-    stream_launcher launcher{stream};
+template <class Layout, class Query>
+void instantiation<Layout, Query>::decode(const Layout& view, const Query* queries, Query* outputs, float* lse,
+                                          const attention_options& options, span<float> workspace,
+                                          cudaStream_t stream) {
+    stream_launcher launcher{stream, workspace};
     kvcache::detail::run_decode(launcher, view, queries, outputs, lse, options);
 }
 
-template <class Layout>
-void instantiation<Layout>::prefill(const Layout& view, const element* queries, const int* query_offsets,
-                                    element* outputs, float* lse, const attention_options& options,
-                                    cudaStream_t stream) {
-    stream_launcher launcher{stream};
-    kvcache::detail::run_prefill(launcher, view, queries, query_offsets, outputs, lse, options);
+template <class Layout, class Query>
+void instantiation<Layout, Query>::prefill(const Layout& view, const Query* queries, const int* query_offsets,
+                                           const int* query_positions, Query* outputs, float* lse,
+                                           const attention_options& options, cudaStream_t stream) {
+    stream_launcher launcher{stream, {}};
+    kvcache::detail::run_prefill(launcher, view, queries, query_offsets, query_positions, outputs, lse, options);
 }
 
 template <class State, class Output>
 void merge_instantiation<State, Output>::merge(int states, int rows, int head_dim, const State* outputs,
                                                const float* lse, Output* merged, float* merged_lse,
                                                cudaStream_t stream) {
-    stream_launcher launcher{stream};
+    stream_launcher launcher{stream, {}};
     kvcache::detail::run_merge(launcher, kvcache::detail::state_major_merge(states, rows, head_dim, outputs, lse,
                                                                             merged, merged_lse));
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kvcache/backend/detail/launch_sequence.hpp"
+#include "kvcache/backend/operation_params.hpp"
 #include "kvcache/core/memory.hpp"
 #include "kvcache/execution/emulator.hpp"
 
@@ -24,117 +25,73 @@ struct emulated_launcher {
     void launch(index3 grid, std::size_t shared_bytes, const Params& params) {
         emulate<Body>(grid, shared_bytes, params, options);
     }
-    template <class T>
-    host_buffer<T> workspace(std::size_t count) {
-        return host_buffer<T>(count);
-    }
+    host_buffer<float> workspace(std::size_t count) { return host_buffer<float>(count); }
 };
 
 }  // namespace detail
 
-/// Appends new tokens' K/V (see cpu::append) with the append kernel.
-/// @tparam Layout a layout view over host memory
-/// @tparam Keys a sized buffer of float or kvcache::half
-/// @tparam Values a sized buffer of the same element type
-/// @tparam Offsets a sized buffer of int
-template <class Layout, class Keys, class Values, class Offsets>
-void append(const Layout& view, const Keys& keys, const Values& values, const Offsets& new_token_offsets,
-            const emulator_options& emulator = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Keys>, kvcache::detail::range_element_t<Values>>();
-    const auto k = make_span(keys);
-    const auto v = make_span(values);
-    const span<const int> offsets = make_span(new_token_offsets);
-    kvcache::detail::check_append(view, k.size(), v.size(), offsets, true);
-    detail::emulated_launcher launcher{emulator};
-    kvcache::detail::run_append(launcher, view, k.data(), v.data(), offsets.data());
-}
-
-/// Decode attention (see cpu::decode_attention) with the decode and merge kernels.
-/// @tparam Layout a layout view over host memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Outputs a sized buffer of the same element type
-template <class Layout, class Queries, class Outputs>
-void decode_attention(const Layout& view, const Queries& queries, Outputs&& outputs, const attention_options& options = {},
-                      const emulator_options& emulator = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    const auto q = make_span(queries);
-    const auto o = make_span(outputs);
-    kvcache::detail::check_decode(view, q.size(), o.size(), false, 0, options);
-    detail::emulated_launcher launcher{emulator};
-    kvcache::detail::run_decode(launcher, view, q.data(), o.data(), static_cast<float*>(nullptr), options);
-}
-
-/// Decode attention that also writes each (sequence, query head)'s log-sum-exp.
-/// @tparam Layout a layout view over host memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Outputs a sized buffer of the same element type
-/// @tparam Lse a sized buffer of float
-template <class Layout, class Queries, class Outputs, class Lse>
-void decode_attention_with_lse(const Layout& view, const Queries& queries, Outputs&& outputs, Lse&& lse,
-                               const attention_options& options = {}, const emulator_options& emulator = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    const auto q = make_span(queries);
-    const auto o = make_span(outputs);
-    const span<float> l = make_span(lse);
-    kvcache::detail::check_decode(view, q.size(), o.size(), true, l.size(), options);
-    detail::emulated_launcher launcher{emulator};
-    kvcache::detail::run_decode(launcher, view, q.data(), o.data(), l.data(), options);
-}
-
-/// Prefill attention (see cpu::prefill_attention) with the prefill kernel.
-/// @tparam Layout a layout view over host memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Offsets a sized buffer of int
-/// @tparam Outputs a sized buffer of the queries' element type
-template <class Layout, class Queries, class Offsets, class Outputs>
-void prefill_attention(const Layout& view, const Queries& queries, const Offsets& query_offsets, Outputs&& outputs,
-                       const attention_options& options = {}, const emulator_options& emulator = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    const auto q = make_span(queries);
-    const span<const int> offsets = make_span(query_offsets);
-    const auto o = make_span(outputs);
-    kvcache::detail::check_prefill(view, q.size(), offsets, o.size(), false, 0, options, true);
-    detail::emulated_launcher launcher{emulator};
-    kvcache::detail::run_prefill(launcher, view, q.data(), offsets.data(), o.data(), static_cast<float*>(nullptr), options);
-}
-
-/// Prefill attention that also writes each (token, query head)'s log-sum-exp.
-/// @tparam Layout a layout view over host memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Offsets a sized buffer of int
-/// @tparam Outputs a sized buffer of the queries' element type
-/// @tparam Lse a sized buffer of float
-template <class Layout, class Queries, class Offsets, class Outputs, class Lse>
-void prefill_attention_with_lse(const Layout& view, const Queries& queries, const Offsets& query_offsets,
-                                Outputs&& outputs, Lse&& lse, const attention_options& options = {},
-                                const emulator_options& emulator = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    const auto q = make_span(queries);
-    const span<const int> offsets = make_span(query_offsets);
-    const auto o = make_span(outputs);
-    const span<float> l = make_span(lse);
-    kvcache::detail::check_prefill(view, q.size(), offsets, o.size(), true, l.size(), options, true);
-    detail::emulated_launcher launcher{emulator};
-    kvcache::detail::run_prefill(launcher, view, q.data(), offsets.data(), o.data(), l.data(), options);
-}
-
-/// Merges partial states (see cpu::merge_states) with the merge kernel; head_dim a multiple of 8.
-/// @tparam States a sized buffer of float or kvcache::half
-/// @tparam StateLse a sized buffer of float
-/// @tparam Merged a sized buffer of float or kvcache::half
-/// @tparam MergedLse a sized buffer of float, or std::nullptr_t
-template <class States, class StateLse, class Merged, class MergedLse>
-void merge_states(int states, int rows, int head_dim, const States& outputs, const StateLse& lse, Merged&& merged,
-                  MergedLse&& merged_lse, const emulator_options& emulator = {}) {
-    const auto o = make_span(outputs);
-    const span<const float> l = make_span(lse);
-    const auto m = make_span(merged);
-    const span<float> ml = kvcache::detail::optional_lse(merged_lse);
-    kvcache::detail::check_merge(states, rows, head_dim, o.size(), l.size(), m.size(), !ml.empty(), ml.size());
-    detail::emulated_launcher launcher{emulator};
-    kvcache::detail::run_merge(launcher, kvcache::detail::state_major_merge(states, rows, head_dim, o.data(), l.data(),
-                                                                            m.data(), ml.empty() ? nullptr : ml.data()));
-}
-
 }  // namespace emulated
+
+/// The emulated backend (tests): the CUDA backend's kernel bodies run on the
+/// host by the SIMT emulator, every thread of every block, with its fault
+/// checks. Same members and params as cpu_backend; views and buffers are
+/// host memory.
+class emulated_backend {
+public:
+    /// A backend whose launches use the given emulator options (schedule, checks).
+    explicit emulated_backend(const emulator_options& options = {}) : options_(options) {}
+
+    /// Writes new tokens' K/V rows with the append kernel (see append_params).
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Input float or kvcache::half
+    template <class Layout, class Input>
+    void append(const append_params<Layout, Input>& p) const {
+        detail::check_call_append(p, true);
+        emulated::detail::emulated_launcher launcher{options_};
+        detail::run_append(launcher, p.view, p.keys.data(), p.values.data(), p.new_token_offsets.data(),
+                           p.positions.empty() ? nullptr : p.positions.data());
+    }
+
+    /// Decode attention with the decode and merge kernels (see decode_params).
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Query float or kvcache::half
+    template <class Layout, class Query>
+    void decode(const decode_params<Layout, Query>& p) const {
+        detail::check_call_decode(p);
+        emulated::detail::emulated_launcher launcher{options_};
+        detail::run_decode(launcher, p.view, p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
+                           p.options);
+    }
+
+    /// Prefill attention with the prefill kernel (see prefill_params).
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Query float or kvcache::half
+    template <class Layout, class Query>
+    void prefill(const prefill_params<Layout, Query>& p) const {
+        detail::check_call_prefill(p, true);
+        emulated::detail::emulated_launcher launcher{options_};
+        detail::run_prefill(launcher, p.view, p.queries.data(), p.query_offsets.data(),
+                            p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
+                            p.lse.empty() ? nullptr : p.lse.data(), p.options);
+    }
+
+    /// Merges partial states with the merge kernel (see merge_params).
+    /// @tparam State float or kvcache::half
+    /// @tparam Output float or kvcache::half
+    template <class State, class Output>
+    void merge(const merge_params<State, Output>& p) const {
+        detail::check_call_merge(p);
+        emulated::detail::emulated_launcher launcher{options_};
+        detail::run_merge(launcher, detail::state_major_merge(p.states, p.rows, p.head_dim, p.outputs.data(),
+                                                              p.lse.data(), p.merged.data(),
+                                                              p.merged_lse.empty() ? nullptr : p.merged_lse.data()));
+    }
+
+    /// The emulator options every launch uses.
+    const emulator_options& options() const noexcept { return options_; }
+
+private:
+    emulator_options options_;
+};
+
 }  // namespace kvcache

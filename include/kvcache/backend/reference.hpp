@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvcache/backend/detail/call_checks.hpp"
+#include "kvcache/backend/operation_params.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/kernels/attention_options.hpp"
@@ -85,9 +86,10 @@ inline double attend(const double* query, const gathered_rows& rows, int query_p
     return max_logit + std::log(sum);
 }
 
-/// Attention of `tokens` query tokens of one sequence, the last positions of it.
+/// Attention of `tokens` query tokens of one sequence: at its last positions,
+/// or at positions[t] when positions is not null.
 template <class Layout, class Query>
-void attend_sequence(const Layout& view, int sequence, int tokens, const Query* queries,
+void attend_sequence(const Layout& view, int sequence, int tokens, const Query* queries, const int* positions,
                      const attention_options& options, double* outputs, double* lse) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
@@ -101,7 +103,8 @@ void attend_sequence(const Layout& view, int sequence, int tokens, const Query* 
                 const int head = kv * heads::group_size + g;
                 const std::size_t row = static_cast<std::size_t>(t) * heads::query_heads + head;
                 for (int d = 0; d < dim; ++d) query[d] = to_float(queries[row * dim + d]);
-                lse[row] = attend(query.data(), rows, length - tokens + t, view.visibility(), scale,
+                const int position = positions ? positions[t] : length - tokens + t;
+                lse[row] = attend(query.data(), rows, position, view.visibility(), scale,
                                   options.logits_soft_cap, outputs + row * dim);
             }
         }
@@ -117,119 +120,6 @@ void narrow(const attention_result& result, Output* outputs, float* lse) {
 
 }  // namespace detail
 
-/// Decode attention in double: one query per sequence at position length-1.
-/// queries: [batch][query_heads][head_dim].
-/// @tparam Layout a layout view over host-accessible memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-template <class Layout, class Queries>
-attention_result decode_attention_exact(const Layout& view, const Queries& query_rows,
-                                        const attention_options& options = {}) {
-    using heads = typename Layout::heads;
-    const auto queries = make_span(query_rows);
-    kvcache::detail::check_decode(view, queries.size(), queries.size(), false, 0, options);
-    const int batch = view.sequence_count();
-    attention_result result;
-    result.outputs.assign(static_cast<std::size_t>(batch) * heads::query_heads * heads::head_dim, 0.0);
-    result.lse.assign(static_cast<std::size_t>(batch) * heads::query_heads, 0.0);
-    for (int b = 0; b < batch; ++b) {
-        const std::size_t row = static_cast<std::size_t>(b) * heads::query_heads;
-        const int tokens = view.length(b) > 0 ? 1 : 0;
-        if (tokens == 0) {
-            for (int h = 0; h < heads::query_heads; ++h) result.lse[row + h] = -std::numeric_limits<double>::infinity();
-            continue;
-        }
-        detail::attend_sequence(view, b, 1, queries.data() + row * heads::head_dim, options,
-                                result.outputs.data() + row * heads::head_dim, result.lse.data() + row);
-    }
-    return result;
-}
-
-/// Prefill attention in double: the last n_b positions of sequence b query the
-/// cached prefix and, causally, their own chunk. queries: [total tokens][query_heads][head_dim],
-/// query_offsets: batch + 1 entries from 0.
-/// @tparam Layout a layout view over host-accessible memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Offsets a sized buffer of int
-template <class Layout, class Queries, class Offsets>
-attention_result prefill_attention_exact(const Layout& view, const Queries& query_rows, const Offsets& offsets,
-                                         const attention_options& options = {}) {
-    using heads = typename Layout::heads;
-    const auto queries = make_span(query_rows);
-    const span<const int> query_offsets = make_span(offsets);
-    kvcache::detail::check_prefill(view, queries.size(), query_offsets, queries.size(), false, 0, options, true);
-    const int batch = view.sequence_count();
-    const int total = batch == 0 ? 0 : query_offsets[batch];
-    attention_result result;
-    result.outputs.assign(static_cast<std::size_t>(total) * heads::query_heads * heads::head_dim, 0.0);
-    result.lse.assign(static_cast<std::size_t>(total) * heads::query_heads, 0.0);
-    for (int b = 0; b < batch; ++b) {
-        const int tokens = query_offsets[b + 1] - query_offsets[b];
-        const std::size_t row = static_cast<std::size_t>(query_offsets[b]) * heads::query_heads;
-        detail::attend_sequence(view, b, tokens, queries.data() + row * heads::head_dim, options,
-                                result.outputs.data() + row * heads::head_dim, result.lse.data() + row);
-    }
-    return result;
-}
-
-/// Decode attention, results narrowed to the queries' type. See decode_attention_exact.
-/// @tparam Layout a layout view over host-accessible memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Outputs a sized buffer of the same element type
-template <class Layout, class Queries, class Outputs>
-void decode_attention(const Layout& view, const Queries& queries, Outputs&& outputs, const attention_options& options = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    const auto o = make_span(outputs);
-    kvcache::detail::check_decode(view, make_span(queries).size(), o.size(), false, 0, options);
-    detail::narrow(decode_attention_exact(view, queries, options), o.data(), nullptr);
-}
-
-/// Decode attention that also writes the log-sum-exp of each (sequence, query head).
-/// @tparam Layout a layout view over host-accessible memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Outputs a sized buffer of the same element type
-/// @tparam Lse a sized buffer of float
-template <class Layout, class Queries, class Outputs, class Lse>
-void decode_attention_with_lse(const Layout& view, const Queries& queries, Outputs&& outputs, Lse&& lse,
-                               const attention_options& options = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    const auto o = make_span(outputs);
-    const span<float> l = make_span(lse);
-    kvcache::detail::check_decode(view, make_span(queries).size(), o.size(), true, l.size(), options);
-    detail::narrow(decode_attention_exact(view, queries, options), o.data(), l.data());
-}
-
-/// Prefill attention, results narrowed to the queries' type. See prefill_attention_exact.
-/// @tparam Layout a layout view over host-accessible memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Offsets a sized buffer of int
-/// @tparam Outputs a sized buffer of the queries' element type
-template <class Layout, class Queries, class Offsets, class Outputs>
-void prefill_attention(const Layout& view, const Queries& queries, const Offsets& query_offsets, Outputs&& outputs,
-                       const attention_options& options = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    const auto o = make_span(outputs);
-    kvcache::detail::check_prefill(view, make_span(queries).size(), make_span(query_offsets), o.size(), false, 0,
-                                   options, true);
-    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options), o.data(), nullptr);
-}
-
-/// Prefill attention that also writes the log-sum-exp of each (token, query head).
-/// @tparam Layout a layout view over host-accessible memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Offsets a sized buffer of int
-/// @tparam Outputs a sized buffer of the queries' element type
-/// @tparam Lse a sized buffer of float
-template <class Layout, class Queries, class Offsets, class Outputs, class Lse>
-void prefill_attention_with_lse(const Layout& view, const Queries& queries, const Offsets& query_offsets,
-                                Outputs&& outputs, Lse&& lse, const attention_options& options = {}) {
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    const auto o = make_span(outputs);
-    const span<float> l = make_span(lse);
-    kvcache::detail::check_prefill(view, make_span(queries).size(), make_span(query_offsets), o.size(), true, l.size(),
-                                   options, true);
-    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options), o.data(), l.data());
-}
-
 /// True when position is present in the sequence (the sliding window may have dropped it).
 /// @tparam Layout a layout view
 template <class Layout>
@@ -240,82 +130,140 @@ bool is_present(const Layout& view, int sequence, int position) {
     return false;
 }
 
-/// Writes the new tokens' K/V (the last n_b positions of sequence b) through
-/// key()/value(); positions the layout no longer holds are skipped.
-/// keys/values: [total new tokens][kv_heads][head_dim]; new_token_offsets: batch + 1 entries from 0.
-/// @tparam Layout a layout view over host-accessible memory
-/// @tparam Keys a sized buffer of float or kvcache::half
-/// @tparam Values a sized buffer of the same element type
-/// @tparam Offsets a sized buffer of int
-template <class Layout, class Keys, class Values, class Offsets>
-void append(const Layout& view, const Keys& key_rows, const Values& value_rows, const Offsets& offsets) {
-    using heads = typename Layout::heads;
-    using element = typename Layout::element_type;
-    constexpr int dim = heads::head_dim;
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Keys>, kvcache::detail::range_element_t<Values>>();
-    const auto keys = make_span(key_rows);
-    const auto values = make_span(value_rows);
-    const span<const int> new_token_offsets = make_span(offsets);
-    kvcache::detail::check_append(view, keys.size(), values.size(), new_token_offsets, true);
-    for (int b = 0; b < view.sequence_count(); ++b) {
-        const int tokens = new_token_offsets[b + 1] - new_token_offsets[b];
-        const int length = view.length(b);
-        for (int t = 0; t < tokens; ++t) {
-            const int position = length - tokens + t;
-            if (!is_present(view, b, position)) continue;
-            for (int kv = 0; kv < heads::kv_heads; ++kv) {
-                const std::size_t source = (static_cast<std::size_t>(new_token_offsets[b] + t) * heads::kv_heads + kv) * dim;
-                element* key = view.key(b, kv, position);
-                element* value = view.value(b, kv, position);
-                for (int d = 0; d < dim; ++d) {
-                    key[d] = from_float<element>(to_float(keys[source + d]));
-                    value[d] = from_float<element>(to_float(values[source + d]));
+}  // namespace reference
+
+/// The reference backend: every operation in double precision through the
+/// layout interface alone, for host-accessible views. Same members and
+/// params as cpu_backend, emulated_backend and cuda_backend; decode_exact and
+/// prefill_exact also return the unrounded results the kernel tests compare with.
+class reference_backend {
+public:
+    /// Writes new tokens' K/V rows (see append_params).
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Input float or kvcache::half
+    template <class Layout, class Input>
+    void append(const append_params<Layout, Input>& p) const {
+        using heads = typename Layout::heads;
+        using element = typename Layout::element_type;
+        constexpr int dim = heads::head_dim;
+        detail::check_call_append(p, true);
+        const Layout& view = p.view;
+        for (int b = 0; b < view.sequence_count(); ++b) {
+            const int first = p.new_token_offsets[b], tokens = p.new_token_offsets[b + 1] - first;
+            const int length = view.length(b);
+            for (int t = 0; t < tokens; ++t) {
+                const int position = p.positions.empty() ? length - tokens + t : p.positions[first + t];
+                if (!reference::is_present(view, b, position)) continue;
+                for (int kv = 0; kv < heads::kv_heads; ++kv) {
+                    const std::size_t source = (static_cast<std::size_t>(first + t) * heads::kv_heads + kv) * dim;
+                    element* key = view.key(b, kv, position);
+                    element* value = view.value(b, kv, position);
+                    for (int d = 0; d < dim; ++d) {
+                        key[d] = from_float<element>(to_float(p.keys[source + d]));
+                        value[d] = from_float<element>(to_float(p.values[source + d]));
+                    }
                 }
             }
         }
     }
-}
 
-/// Merges partial attention states in double. outputs: [states][rows][head_dim],
-/// lse: [states][rows]; a state with lse = -inf is empty and weighs nothing.
-/// Writes merged[rows][head_dim] and merged_lse[rows] (nullptr or empty: not written).
-/// @tparam States a sized buffer of float or kvcache::half
-/// @tparam StateLse a sized buffer of float
-/// @tparam Merged a sized buffer of float or kvcache::half
-/// @tparam MergedLse a sized buffer of float, or std::nullptr_t
-template <class States, class StateLse, class Merged, class MergedLse>
-void merge_states(int states, int rows, int head_dim, const States& state_outputs, const StateLse& state_lse,
-                  Merged&& merged_rows, MergedLse&& merged_row_lse) {
-    using State = kvcache::detail::range_element_t<States>;
-    using Output = kvcache::detail::range_element_t<Merged>;
-    const auto outputs = make_span(state_outputs);
-    const span<const float> lse = make_span(state_lse);
-    const auto merged = make_span(merged_rows);
-    const span<float> merged_lse_span = kvcache::detail::optional_lse(merged_row_lse);
-    kvcache::detail::check_merge(states, rows, head_dim, outputs.size(), lse.size(), merged.size(),
-                                 !merged_lse_span.empty(), merged_lse_span.size());
-    float* const merged_lse = merged_lse_span.empty() ? nullptr : merged_lse_span.data();
-    for (int r = 0; r < rows; ++r) {
-        double max_lse = -std::numeric_limits<double>::infinity();
-        for (int s = 0; s < states; ++s) max_lse = std::fmax(max_lse, double(lse[static_cast<std::size_t>(s) * rows + r]));
-        std::vector<double> sum(head_dim, 0.0);
-        double total = 0.0;
-        if (max_lse != -std::numeric_limits<double>::infinity()) {
-            for (int s = 0; s < states; ++s) {
-                const double l = lse[static_cast<std::size_t>(s) * rows + r];
-                if (l == -std::numeric_limits<double>::infinity()) continue;
-                const double weight = std::exp(l - max_lse);
-                total += weight;
-                const State* o = outputs.data() + (static_cast<std::size_t>(s) * rows + r) * head_dim;
-                for (int d = 0; d < head_dim; ++d) sum[d] += weight * to_float(o[d]);
+    /// Decode attention in double; outputs need not be given (not checked, not written).
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Query float or kvcache::half
+    template <class Layout, class Query>
+    reference::attention_result decode_exact(const decode_params<Layout, Query>& p) const {
+        using heads = typename Layout::heads;
+        detail::check_call_decode(p, false);
+        const Layout& view = p.view;
+        const int batch = view.sequence_count();
+        reference::attention_result result;
+        result.outputs.assign(static_cast<std::size_t>(batch) * heads::query_heads * heads::head_dim, 0.0);
+        result.lse.assign(static_cast<std::size_t>(batch) * heads::query_heads, 0.0);
+        for (int b = 0; b < batch; ++b) {
+            const std::size_t row = static_cast<std::size_t>(b) * heads::query_heads;
+            if (view.length(b) == 0) {
+                for (int h = 0; h < heads::query_heads; ++h)
+                    result.lse[row + h] = -std::numeric_limits<double>::infinity();
+                continue;
             }
+            reference::detail::attend_sequence(view, b, 1, p.queries.data() + row * heads::head_dim, nullptr,
+                                               p.options, result.outputs.data() + row * heads::head_dim,
+                                               result.lse.data() + row);
         }
-        for (int d = 0; d < head_dim; ++d)
-            merged[static_cast<std::size_t>(r) * head_dim + d] = from_float<Output>(total > 0 ? float(sum[d] / total) : 0.0f);
-        if (merged_lse)
-            merged_lse[r] = total > 0 ? float(max_lse + std::log(total)) : -std::numeric_limits<float>::infinity();
+        return result;
     }
-}
 
-}  // namespace reference
+    /// Prefill attention in double; outputs need not be given (not checked, not written).
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Query float or kvcache::half
+    template <class Layout, class Query>
+    reference::attention_result prefill_exact(const prefill_params<Layout, Query>& p) const {
+        using heads = typename Layout::heads;
+        detail::check_call_prefill(p, true, false);
+        const Layout& view = p.view;
+        const int batch = view.sequence_count();
+        const int total = batch == 0 ? 0 : p.query_offsets[batch];
+        reference::attention_result result;
+        result.outputs.assign(static_cast<std::size_t>(total) * heads::query_heads * heads::head_dim, 0.0);
+        result.lse.assign(static_cast<std::size_t>(total) * heads::query_heads, 0.0);
+        for (int b = 0; b < batch; ++b) {
+            const int first = p.query_offsets[b], tokens = p.query_offsets[b + 1] - first;
+            const std::size_t row = static_cast<std::size_t>(first) * heads::query_heads;
+            reference::detail::attend_sequence(view, b, tokens, p.queries.data() + row * heads::head_dim,
+                                               p.query_positions.empty() ? nullptr : p.query_positions.data() + first,
+                                               p.options, result.outputs.data() + row * heads::head_dim,
+                                               result.lse.data() + row);
+        }
+        return result;
+    }
+
+    /// Decode attention, results rounded to the queries' type.
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Query float or kvcache::half
+    template <class Layout, class Query>
+    void decode(const decode_params<Layout, Query>& p) const {
+        detail::check_call_decode(p);
+        reference::detail::narrow(decode_exact(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data());
+    }
+
+    /// Prefill attention, results rounded to the queries' type.
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Query float or kvcache::half
+    template <class Layout, class Query>
+    void prefill(const prefill_params<Layout, Query>& p) const {
+        detail::check_call_prefill(p, true);
+        reference::detail::narrow(prefill_exact(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data());
+    }
+
+    /// Merges partial states in double (see merge_params).
+    /// @tparam State float or kvcache::half
+    /// @tparam Output float or kvcache::half
+    template <class State, class Output>
+    void merge(const merge_params<State, Output>& p) const {
+        detail::check_call_merge(p);
+        const int rows = p.rows, states = p.states, head_dim = p.head_dim;
+        constexpr double empty = -std::numeric_limits<double>::infinity();
+        for (int r = 0; r < rows; ++r) {
+            double max_lse = empty;
+            for (int s = 0; s < states; ++s) max_lse = std::fmax(max_lse, double(p.lse[static_cast<std::size_t>(s) * rows + r]));
+            std::vector<double> sum(head_dim, 0.0);
+            double total = 0.0;
+            if (max_lse != empty) {
+                for (int s = 0; s < states; ++s) {
+                    const double l = p.lse[static_cast<std::size_t>(s) * rows + r];
+                    if (l == empty) continue;
+                    const double weight = std::exp(l - max_lse);
+                    total += weight;
+                    const State* o = p.outputs.data() + (static_cast<std::size_t>(s) * rows + r) * head_dim;
+                    for (int d = 0; d < head_dim; ++d) sum[d] += weight * to_float(o[d]);
+                }
+            }
+            for (int d = 0; d < head_dim; ++d)
+                p.merged[static_cast<std::size_t>(r) * head_dim + d] = from_float<Output>(total > 0 ? float(sum[d] / total) : 0.0f);
+            if (!p.merged_lse.empty())
+                p.merged_lse[r] = total > 0 ? float(max_lse + std::log(total)) : -std::numeric_limits<float>::infinity();
+        }
+    }
+};
+
 }  // namespace kvcache

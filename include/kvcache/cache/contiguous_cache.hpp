@@ -145,16 +145,24 @@ public:
     std::vector<int> present_positions(sequence_id id) const { return base::all_positions(this->length(id)); }
 
     /// The view of one layer over a batch (batch slot i is batch[i]). It stays
-    /// valid until the cache changes or a view of a different batch is made.
+    /// valid until the cache changes or a view of a different batch is made;
+    /// a step_plan's views (plan()) have no such limit.
     view_type view(int layer, const std::vector<sequence_id>& batch) {
         this->check_layer(layer);
-        const std::vector<int> table = this->length_slot_table(batch);
-        const int* device_table = table_.upload(table);
-        const int n = static_cast<int>(batch.size());
-        view_type v = view_type::packed(store_.keys(layer), store_.values(layer), device_table,
-                                        device_table ? device_table + n : nullptr, n, capacity());
+        view_type v = view_over(layer, table_.upload(view_table(batch)), static_cast<int>(batch.size()));
         v.sequence_ids = table_.label(batch);
         return v;
+    }
+
+    /// The index table a view of batch reads: lengths, then slots.
+    std::vector<int> view_table(const std::vector<sequence_id>& batch) const { return this->length_slot_table(batch); }
+
+    /// The view of one layer whose index table (view_table()'s contents, in
+    /// the cache's memory space) the caller keeps at table, for n entries.
+    view_type view_over(int layer, const int* table, int n) {
+        this->check_layer(layer);
+        return view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
+                                 capacity());
     }
 
     /// Bytes of every slab, used or not.

@@ -11,6 +11,7 @@
 
 #include "kvcache/cache/sequence_id.hpp"
 #include "kvcache/cache/serialization.hpp"
+#include "kvcache/cache/step_plan.hpp"
 
 namespace kvcache {
 namespace detail {
@@ -59,6 +60,57 @@ public:
             require(n <= length, error_code::out_of_range, "append of ", n, " tokens to layer ", layer,
                     " of sequence ", id, " exceeds the ", length, " positions layer 0 reserved");
             self.write(id, layer, length - n, keys, values, n);
+        }
+    }
+
+    /// Plans one step of a batch: reserves new_tokens[i] positions for
+    /// batch[i] in every layer (none when new_tokens is empty: a plan to
+    /// attend only) and builds the tables every layer's view and kernel call
+    /// of the step uses, uploaded on stream for a device cache. Throws, with
+    /// nothing reserved, on an unknown or repeated id, a size mismatch, a
+    /// negative count, or when the cache cannot hold the new tokens.
+    /// @tparam D the owner (deduced: defers naming its memory policy to the call)
+    template <class D = Derived>
+    step_plan<D> plan(const std::vector<sequence_id>& batch, const std::vector<int>& new_tokens = {},
+                      typename D::memory::stream_type stream = {}) {
+        step_plan<D> p;
+        replan(p, batch, new_tokens, stream);
+        return p;
+    }
+
+    /// plan() into an existing plan, reusing its buffers (no allocation once
+    /// they are large enough). On an error the plan and the cache are unchanged.
+    /// @tparam D the owner (deduced)
+    template <class D = Derived>
+    void replan(step_plan<D>& p, const std::vector<sequence_id>& batch, const std::vector<int>& new_tokens = {},
+                typename D::memory::stream_type stream = {}) {
+        Derived& self = derived();
+        self.sequences_.require_all(batch);
+        require(new_tokens.empty() || new_tokens.size() == batch.size(), error_code::invalid_argument, "new_tokens has ",
+                new_tokens.size(), " entries but the batch has ", batch.size(), " sequences (one each, or none)");
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            for (std::size_t j = 0; j < i; ++j)
+                require(batch[j] != batch[i], error_code::invalid_argument, "sequence ", batch[i],
+                        " appears twice in the batch (entries ", j, " and ", i, ")");
+            if (!new_tokens.empty())
+                require(new_tokens[i] >= 0, error_code::invalid_argument, "new_tokens[", i, "] = ", new_tokens[i],
+                        " of sequence ", batch[i], " is negative");
+        }
+        std::vector<int> old_lengths;
+        for (sequence_id id : batch) old_lengths.push_back(self.length(id));
+        std::size_t reserved = 0;
+        try {
+            for (; reserved < batch.size(); ++reserved)
+                if (!new_tokens.empty() && new_tokens[reserved] > 0) self.begin_append(batch[reserved], new_tokens[reserved]);
+            std::vector<int> table = self.view_table(batch);
+            const std::size_t offsets_at = table.size();
+            table.push_back(0);
+            for (std::size_t i = 0; i < batch.size(); ++i)
+                table.push_back(table.back() + (new_tokens.empty() ? 0 : new_tokens[i]));
+            p.assign(&self, batch, std::move(table), offsets_at, stream);
+        } catch (...) {
+            for (std::size_t i = 0; i < reserved; ++i) self.undo_reservation(batch[i], old_lengths[i]);
+            throw;
         }
     }
 
@@ -132,6 +184,9 @@ public:
     }
 
 protected:
+    /// Gives back positions reserved past old_length by a plan that failed.
+    void undo_reservation(sequence_id id, int old_length) { derived().truncate(id, old_length); }
+
     void check_layer(int layer) const {
         const int layers = derived().layers();
         require(layer >= 0 && layer < layers, error_code::out_of_range, "layer ", layer, " is outside [0, ", layers,
@@ -178,7 +233,8 @@ protected:
             i = j;
         }
     }
-    /// The slot owners' view table: batch lengths, then batch slots.
+    /// The slot owners' view table: batch lengths, then batch slots (every
+    /// owner's table starts with the lengths; step_plan reads them there).
     std::vector<int> length_slot_table(const std::vector<sequence_id>& batch) const {
         const auto& sequences = derived().sequences_;
         sequences.require_all(batch);

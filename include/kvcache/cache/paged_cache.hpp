@@ -214,23 +214,36 @@ public:
 
     /// The view of one layer over a batch, with the CSR page table in the
     /// cache's memory space. Valid until the cache changes or a view of a
-    /// different batch is made (every layer's view of one batch shares the table).
+    /// different batch is made (every layer's view of one batch shares the
+    /// table); a step_plan's views (plan()) have no such limit.
     view_type view(int layer, const std::vector<sequence_id>& batch) {
         this->check_layer(layer);
+        view_type v = view_over(layer, table_.upload(view_table(batch)), static_cast<int>(batch.size()));
+        v.sequence_ids = table_.label(batch);
+        return v;
+    }
+
+    /// The index table a view of batch reads: lengths [n], page offsets
+    /// [n + 1], then the page ids of each sequence.
+    std::vector<int> view_table(const std::vector<sequence_id>& batch) const {
         sequences_.require_all(batch);
         const std::size_t n = batch.size();
-        std::vector<int> table(2 * n + 1);  // lengths[n], offsets[n + 1], page ids...
+        std::vector<int> table(2 * n + 1);
         for (std::size_t i = 0; i < n; ++i) {
             const state& s = sequences_.at(batch[i]);
             table[i] = s.length;
             table[n + 1 + i] = table[n + i] + static_cast<int>(s.pages.size());
             table.insert(table.end(), s.pages.begin(), s.pages.end());
         }
-        const int* t = table_.upload(table);
-        view_type v = view_type::packed(keys_[layer].data(), values_[layer].data(), t + n, t + 2 * n + 1, t,
-                                        static_cast<int>(n), page_size_);
-        v.sequence_ids = table_.label(batch);
-        return v;
+        return table;
+    }
+
+    /// The view of one layer whose index table (view_table()'s contents, in
+    /// the cache's memory space) the caller keeps at table, for n entries.
+    view_type view_over(int layer, const int* table, int n) {
+        this->check_layer(layer);
+        return view_type::packed(keys_[layer].data(), values_[layer].data(), table + n, table + 2 * n + 1, table, n,
+                                 page_size_);
     }
 
     /// Pages, prefix-cache counters and bytes.

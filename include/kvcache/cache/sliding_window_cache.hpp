@@ -150,16 +150,23 @@ public:
     std::vector<int> present_positions(sequence_id id) const { return present_positions_for(this->length(id)); }
 
     /// The view of one layer over a batch. Valid until the cache changes or a
-    /// view of a different batch is made.
+    /// view of a different batch is made; a step_plan's views (plan()) have no such limit.
     view_type view(int layer, const std::vector<sequence_id>& batch) {
         this->check_layer(layer);
-        const std::vector<int> table = this->length_slot_table(batch);
-        const int* t = table_.upload(table);
-        const int n = static_cast<int>(batch.size());
-        auto v = view_type::packed(store_.keys(layer), store_.values(layer), t, t ? t + n : nullptr, n, sinks_, ring_,
-                                   window_);
+        view_type v = view_over(layer, table_.upload(view_table(batch)), static_cast<int>(batch.size()));
         v.sequence_ids = table_.label(batch);
         return v;
+    }
+
+    /// The index table a view of batch reads: lengths, then slots.
+    std::vector<int> view_table(const std::vector<sequence_id>& batch) const { return this->length_slot_table(batch); }
+
+    /// The view of one layer whose index table (view_table()'s contents, in
+    /// the cache's memory space) the caller keeps at table, for n entries.
+    view_type view_over(int layer, const int* table, int n) {
+        this->check_layer(layer);
+        return view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
+                                 sinks_, ring_, window_);
     }
 
     std::size_t bytes_reserved() const noexcept { return store_.bytes(); }
@@ -170,6 +177,10 @@ public:
     }
 
 private:
+    /// A reservation moved only the length (rows are written later): moving
+    /// it back is always possible, unlike a truncate past evicted positions.
+    void undo_reservation(sequence_id id, int old_length) { sequences_.at(id).length = old_length; }
+
     struct state {
         int slot = 0;
         int length = 0;

@@ -77,6 +77,8 @@ private:
 /// Memory-space policy for device memory (see host_memory).
 struct device_memory {
     static constexpr memory_space space = memory_space::device;
+    /// What orders copies: a CUDA stream.
+    using stream_type = cudaStream_t;
 
     /// @tparam T element type
     template <class T>
@@ -84,6 +86,11 @@ struct device_memory {
 
     static void copy_from_host(void* destination, const void* source, std::size_t bytes) {
         if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyHostToDevice));
+    }
+    /// Ordered on the stream; the source may be reused on return (pageable
+    /// memory is staged before cudaMemcpyAsync returns).
+    static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, stream_type stream) {
+        if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyHostToDevice, stream));
     }
     static void copy_to_host(void* destination, const void* source, std::size_t bytes) {
         if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyDeviceToHost));

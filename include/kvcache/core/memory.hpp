@@ -96,6 +96,8 @@ private:
 /// cache owners need. Owners are templates over such a policy.
 struct host_memory {
     static constexpr memory_space space = memory_space::host;
+    /// What orders copies: nothing, host copies are done when they return.
+    using stream_type = std::nullptr_t;
 
     /// @tparam T element type
     template <class T>
@@ -104,6 +106,10 @@ struct host_memory {
     /// Copies bytes from host memory into this space.
     static void copy_from_host(void* destination, const void* source, std::size_t bytes) {
         if (bytes) std::memcpy(destination, source, bytes);
+    }
+    /// copy_from_host ordered on a stream (for host memory: done on return).
+    static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
+        copy_from_host(destination, source, bytes);
     }
     /// Copies bytes from this space into host memory.
     static void copy_to_host(void* destination, const void* source, std::size_t bytes) {

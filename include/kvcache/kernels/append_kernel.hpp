@@ -1,5 +1,5 @@
-// Append body: writes each sequence's new tokens (its last n_b positions,
-// space already reserved by the owner) into the layout, 8 elements per
+// Append body: writes each sequence's new tokens (its last n_b positions, or
+// the positions the caller gives; space already reserved by the owner) into the layout, 8 elements per
 // access, converting between the input and the storage element type.
 #pragma once
 
@@ -26,19 +26,22 @@ struct append_kernel {
     static constexpr int chunks = heads::head_dim / 8;  // 8-element pieces of a row
 
     template <class Context>
-    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const append_params<Layout, Input>& p) const {
+    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const append_kernel_params<Layout, Input>& p) const {
         const int kv = ctx.block_index().y, sequence = ctx.block_index().z;
         const int tokens = p.new_token_offsets[sequence + 1] - p.new_token_offsets[sequence];
         if (tokens <= 0) return;  // uniform across the block: no barrier follows
         const int length = p.view.length(sequence);
-        const int first = detail::first_present_new_token(p.view, sequence, tokens);
+        // Explicit positions may name any present position: each is checked on its own.
+        const int first = p.positions ? 0 : detail::first_present_new_token(p.view, sequence, tokens);
         const int items = (tokens - first) * chunks;
         const int stride = ctx.grid_size().x * block_threads;
         for (int i = ctx.block_index().x * block_threads + ctx.thread_index(); i < items; i += stride) {
             const int t = first + i / chunks, c = (i % chunks) * 8;
-            const int position = length - tokens + t;
+            const int row = p.new_token_offsets[sequence] + t;
+            const int position = p.positions ? p.positions[row] : length - tokens + t;
+            if (p.positions && !detail::is_present(p.view, sequence, position)) continue;
             const std::size_t source =
-                (std::size_t(p.new_token_offsets[sequence] + t) * heads::kv_heads + kv) * heads::head_dim + c;
+                (std::size_t(row) * heads::kv_heads + kv) * heads::head_dim + c;
             float x[8];
             detail::load8(ctx, p.keys + source, x);
             detail::store8(ctx, p.view.key(sequence, kv, position) + c, x);

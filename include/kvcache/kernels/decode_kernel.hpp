@@ -42,7 +42,7 @@ struct decode_kernel {
     static constexpr std::size_t shared_bytes = tile_step::shared_bytes;
 
     template <class Context>
-    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const decode_params<Layout, Query>& p) const {
+    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const decode_kernel_params<Layout, Query>& p) const {
         const int split = ctx.block_index().x, kv = ctx.block_index().y, sequence = ctx.block_index().z;
         const int thread = ctx.thread_index();
         auto queries = ctx.template shared_array<float>(tile_step::query_offset, group * dim);
@@ -77,7 +77,7 @@ struct decode_kernel {
             if (run.count <= 0) break;  // a layout bug; every thread sees the same run
             int n = run.count < end - v ? run.count : end - v;
             n = n < tile ? n : tile;
-            tile_step::step(ctx, run, n, visibility, query_position, 1, p.soft_cap, queries, keys, values, scores, stats,
+            tile_step::step(ctx, run, n, visibility, detail::tile_query_positions{nullptr, query_position}, 1, p.soft_cap, queries, keys, values, scores, stats,
                             accumulators);
             v += n;
         }

@@ -9,11 +9,12 @@ namespace kvcache {
 /// append_kernel: write new tokens' rows. keys/values [total][kv_heads][head_dim].
 /// @tparam Layout a layout view  @tparam Input float or kvcache::half
 template <class Layout, class Input>
-struct append_params {
+struct append_kernel_params {
     Layout view;
     const Input* keys;
     const Input* values;
     const int* new_token_offsets;  ///< [batch + 1]
+    const int* positions;          ///< [total] position of each new token in its sequence; null: the last n_b
 };
 
 /// decode_kernel: one query per sequence. With splits > 1 each block writes a
@@ -21,7 +22,7 @@ struct append_params {
 /// partial_lse [row][split] (row = sequence * query_heads + head) instead of outputs.
 /// @tparam Layout a layout view  @tparam Query float or kvcache::half
 template <class Layout, class Query>
-struct decode_params {
+struct decode_kernel_params {
     Layout view;
     const Query* queries;    ///< [batch][query_heads][head_dim]
     Query* outputs;          ///< [batch][query_heads][head_dim]
@@ -36,10 +37,11 @@ struct decode_params {
 /// prefill_kernel: the last n_b positions of sequence b query the cache.
 /// @tparam Layout a layout view  @tparam Query float or kvcache::half
 template <class Layout, class Query>
-struct prefill_params {
+struct prefill_kernel_params {
     Layout view;
     const Query* queries;      ///< [total tokens][query_heads][head_dim]
     const int* query_offsets;  ///< [batch + 1]
+    const int* query_positions;  ///< [total tokens] position of each query token; null: the last n_b of its sequence
     Query* outputs;            ///< [total tokens][query_heads][head_dim]
     float* lse;                ///< [total tokens][query_heads] or null
     float scale;
@@ -51,7 +53,7 @@ struct prefill_params {
 /// + r * lse_row_stride].
 /// @tparam State float or kvcache::half  @tparam Output float or kvcache::half
 template <class State, class Output>
-struct merge_params {
+struct merge_kernel_params {
     const State* outputs;
     const float* lse;
     Output* merged;       ///< [rows][head_dim]

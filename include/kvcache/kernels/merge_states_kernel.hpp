@@ -24,7 +24,7 @@ struct merge_states_kernel {
     static constexpr std::size_t shared_bytes = 0;
 
     template <class Context>
-    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const merge_params<State, Output>& p) const {
+    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const merge_kernel_params<State, Output>& p) const {
         const int row = ctx.block_index().x;
         const int thread = ctx.thread_index();
         float max_lse = detail::negative_infinity();

@@ -30,5 +30,22 @@ KVCACHE_HOST_DEVICE int first_present_new_token(const Layout& view, int sequence
     return low;
 }
 
+/// True when the layout holds position: a binary search of the visible
+/// positions, which ascend (a sliding window keeps its sinks and a suffix).
+/// @tparam Layout a layout view
+template <class Layout>
+KVCACHE_HOST_DEVICE bool is_present(const Layout& view, int sequence, int position) {
+    if (position < 0 || position >= view.length(sequence)) return false;
+    int low = 0, high = view.visible_count(sequence);
+    while (low < high) {
+        const int middle = (low + high) / 2;
+        if (view.visible_position(sequence, middle) < position)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low < view.visible_count(sequence) && view.visible_position(sequence, low) == position;
+}
+
 }  // namespace detail
 }  // namespace kvcache

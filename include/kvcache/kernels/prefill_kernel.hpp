@@ -1,7 +1,9 @@
 // Prefill (append) attention body: a block takes query tiles of one sequence
 // and KV head — tile_tokens tokens times the group's query heads — and streams
 // the visible keys through shared memory once per tile: the cached prefix and,
-// causally, the chunk itself. FP32 online softmax per query row.
+// causally, the chunk itself. Query tokens sit at the sequence's last
+// positions, or where explicit query positions put them. FP32 online softmax
+// per query row.
 #pragma once
 
 #include <cstddef>
@@ -44,7 +46,7 @@ struct prefill_kernel {
     static constexpr std::size_t shared_bytes = tile_step::shared_bytes;
 
     template <class Context>
-    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const prefill_params<Layout, Query>& p) const {
+    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const prefill_kernel_params<Layout, Query>& p) const {
         const int kv = ctx.block_index().y, sequence = ctx.block_index().z;
         const int chunk = p.query_offsets[sequence + 1] - p.query_offsets[sequence];
         const int length = p.view.length(sequence);
@@ -59,7 +61,7 @@ struct prefill_kernel {
 
 private:
     template <class Context>
-    KVCACHE_HOST_DEVICE void attend_tile(Context& ctx, const prefill_params<Layout, Query>& p, int sequence, int kv,
+    KVCACHE_HOST_DEVICE void attend_tile(Context& ctx, const prefill_kernel_params<Layout, Query>& p, int sequence, int kv,
                                          int first_position, int first_token, int tokens, int visible,
                                          const attention_visibility& visibility) const {
         const int thread = ctx.thread_index();
@@ -68,7 +70,17 @@ private:
         auto values = ctx.template shared_array<float>(tile_step::value_offset, tile * dim);
         auto scores = ctx.template shared_array<float>(tile_step::score_offset, rows * tile);
         auto stats = ctx.template shared_array<float>(tile_step::stats_offset, 3 * rows);
-        const int last_position = first_position + tokens - 1;
+        // With explicit positions a tile's tokens may sit anywhere: the run
+        // loop below needs the lowest and highest of them.
+        const detail::tile_query_positions position{
+            p.query_positions ? p.query_positions + first_token : nullptr, first_position};
+        int lowest = position(0), last_position = position(tokens - 1);
+        if (p.query_positions)
+            for (int t = 1; t < tokens; ++t) {
+                const int q = position(t);
+                lowest = q < lowest ? q : lowest;
+                last_position = q > last_position ? q : last_position;
+            }
 
         // Rows of one token are the group's heads, contiguous in the input.
         for (int i = thread; i < rows * (dim / 8); i += block_threads) {
@@ -89,12 +101,12 @@ private:
             n = n < tile ? n : tile;
             // Skip a tile every row's window has left behind (uniform: no barrier is skipped by part of the block).
             const bool behind = visibility.window > 0 && run.first_position >= visibility.sinks &&
-                                run.first_position + n - 1 <= first_position - visibility.window;
+                                run.first_position + n - 1 <= lowest - visibility.window;
             if (behind) {
                 v += n;
                 continue;
             }
-            tile_step::step(ctx, run, n, visibility, first_position, tokens, p.soft_cap, queries, keys, values, scores,
+            tile_step::step(ctx, run, n, visibility, position, tokens, p.soft_cap, queries, keys, values, scores,
                             stats, accumulators);
             v += n;
         }

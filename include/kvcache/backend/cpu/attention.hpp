@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "kvcache/backend/cpu/attention_rows.hpp"
-#include "kvcache/backend/detail/call_checks.hpp"
 #include "kvcache/backend/cpu/decode_tile.hpp"
 #include "kvcache/backend/cpu/thread_pool.hpp"
 #include "kvcache/core/element.hpp"
@@ -105,8 +104,8 @@ void decode(const Layout& view, const Query* queries, Query* outputs, float* lse
 inline constexpr int prefill_block_tokens = 16;
 
 template <class Layout, class Query>
-void prefill(const Layout& view, const Query* queries, const int* query_offsets, Query* outputs, float* lse,
-             const attention_options& options) {
+void prefill(const Layout& view, const Query* queries, const int* query_offsets, const int* query_positions,
+             Query* outputs, float* lse, const attention_options& options) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim, group = heads::group_size;
     const int batch = view.sequence_count();
@@ -134,11 +133,13 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
                 const std::size_t row =
                     std::size_t(query_offsets[item.sequence] + token) * heads::query_heads + std::size_t(item.kv_head) * group + g;
                 rows[t * group + g] = queries + row * dim;
-                positions[t * group + g] = length - chunk + token;
+                positions[t * group + g] = query_positions
+                                               ? query_positions[query_offsets[item.sequence] + token]
+                                               : length - chunk + token;
                 output_rows[t * group + g] = row;
             }
         load_queries(state, rows.data(), positions.data(), scale);
-        const int last_position = length - chunk + item.first_token + item.tokens - 1;
+        const int last_position = *std::max_element(positions.begin(), positions.end());
         attend_range(state, view, item.sequence, item.kv_head, 0, view.visible_count(item.sequence), last_position,
                      options.logits_soft_cap);
         for (int r = 0; r < row_count; ++r)
@@ -147,77 +148,5 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
 }
 
 }  // namespace detail
-
-/// Decode attention on the CPU: one query per sequence at position length-1.
-/// queries/outputs: [batch][query_heads][head_dim], each a span or a
-/// contiguous container of float or kvcache::half (sizes are checked).
-/// @tparam Layout a layout view over host memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Outputs a sized buffer of the same element type
-template <class Layout, class Queries, class Outputs>
-void decode_attention(const Layout& view, const Queries& queries, Outputs&& outputs, const attention_options& options = {}) {
-    const auto q = make_span(queries);
-    const auto o = make_span(outputs);
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    kvcache::detail::check_decode(view, q.size(), o.size(), false, 0, options);
-    detail::decode(view, q.data(), o.data(), nullptr, options);
-}
-
-/// Decode attention that also writes each (sequence, query head)'s
-/// log-sum-exp (-inf when it saw nothing) into lse [batch][query_heads].
-/// @tparam Layout a layout view over host memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Outputs a sized buffer of the same element type
-/// @tparam Lse a sized buffer of float
-template <class Layout, class Queries, class Outputs, class Lse>
-void decode_attention_with_lse(const Layout& view, const Queries& queries, Outputs&& outputs, Lse&& lse,
-                               const attention_options& options = {}) {
-    const auto q = make_span(queries);
-    const auto o = make_span(outputs);
-    const span<float> l = make_span(lse);
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    kvcache::detail::check_decode(view, q.size(), o.size(), true, l.size(), options);
-    detail::decode(view, q.data(), o.data(), l.data(), options);
-}
-
-/// Prefill attention on the CPU: the last n_b positions of sequence b (already
-/// appended) attend to the prefix and causally within the chunk.
-/// queries/outputs: [total tokens][query_heads][head_dim]; query_offsets: batch + 1 entries from 0.
-/// @tparam Layout a layout view over host memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Offsets a sized buffer of int
-/// @tparam Outputs a sized buffer of the queries' element type
-template <class Layout, class Queries, class Offsets, class Outputs>
-void prefill_attention(const Layout& view, const Queries& queries, const Offsets& query_offsets, Outputs&& outputs,
-                       const attention_options& options = {}) {
-    const auto q = make_span(queries);
-    const span<const int> offsets = make_span(query_offsets);
-    const auto o = make_span(outputs);
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    kvcache::detail::check_prefill(view, q.size(), offsets, o.size(), false, 0, options, true);
-    if (view.sequence_count() == 0) return;
-    detail::prefill(view, q.data(), offsets.data(), o.data(), nullptr, options);
-}
-
-/// Prefill attention that also writes each (token, query head)'s log-sum-exp
-/// into lse [total tokens][query_heads].
-/// @tparam Layout a layout view over host memory
-/// @tparam Queries a sized buffer of float or kvcache::half
-/// @tparam Offsets a sized buffer of int
-/// @tparam Outputs a sized buffer of the queries' element type
-/// @tparam Lse a sized buffer of float
-template <class Layout, class Queries, class Offsets, class Outputs, class Lse>
-void prefill_attention_with_lse(const Layout& view, const Queries& queries, const Offsets& query_offsets,
-                                Outputs&& outputs, Lse&& lse, const attention_options& options = {}) {
-    const auto q = make_span(queries);
-    const span<const int> offsets = make_span(query_offsets);
-    const auto o = make_span(outputs);
-    const span<float> l = make_span(lse);
-    kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
-    kvcache::detail::check_prefill(view, q.size(), offsets, o.size(), true, l.size(), options, true);
-    if (view.sequence_count() == 0) return;
-    detail::prefill(view, q.data(), offsets.data(), o.data(), l.data(), options);
-}
-
 }  // namespace cpu
 }  // namespace kvcache

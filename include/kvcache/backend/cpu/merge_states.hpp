@@ -6,34 +6,22 @@
 #include <vector>
 
 #include "kvcache/backend/cpu/row_math.hpp"
-#include "kvcache/backend/detail/call_checks.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/kernels/softmax_math.hpp"
 
 namespace kvcache {
 namespace cpu {
 
-/// Merges `states` partial results per row. outputs: [states][rows][head_dim],
-/// lse: [states][rows] (natural log; -inf marks an empty state, which weighs
-/// nothing). Writes merged[rows][head_dim] (zeros where every state is empty)
-/// and merged_lse[rows] (nullptr or an empty span: not written). Sizes are checked.
-/// @tparam States a sized buffer of float or kvcache::half
-/// @tparam StateLse a sized buffer of float
-/// @tparam Merged a sized buffer of float or kvcache::half
-/// @tparam MergedLse a sized buffer of float
-template <class States, class StateLse, class Merged, class MergedLse>
-void merge_states(int states, int rows, int head_dim, const States& state_outputs, const StateLse& state_lse,
-                  Merged&& merged_rows, MergedLse&& merged_row_lse) {
-    using State = kvcache::detail::range_element_t<States>;
-    using Output = kvcache::detail::range_element_t<Merged>;
-    static_assert(is_element_v<State> && is_element_v<Output>, "kvcache: merged states are float or kvcache::half");
-    const span<const State> outputs = make_span(state_outputs);
-    const span<const float> lse = make_span(state_lse);
-    const span<Output> merged = make_span(merged_rows);
-    const span<float> merged_lse_span = kvcache::detail::optional_lse(merged_row_lse);
-    kvcache::detail::check_merge(states, rows, head_dim, outputs.size(), lse.size(), merged.size(),
-                                 !merged_lse_span.empty(), merged_lse_span.size());
-    float* const merged_lse = merged_lse_span.empty() ? nullptr : merged_lse_span.data();
+namespace detail {
+
+/// Merges `states` partial results per row (see merge_params; checked by the
+/// caller): outputs [states][rows][head_dim], lse [states][rows] (natural log;
+/// -inf marks an empty state, which weighs nothing). Writes merged
+/// [rows][head_dim] (zeros where every state is empty) and merged_lse [rows]
+/// unless it is null.
+template <class State, class Output>
+void merge(int states, int rows, int head_dim, const State* outputs, const float* lse, Output* merged,
+           float* merged_lse) {
     std::vector<float> sum(head_dim), row(head_dim);
     for (int r = 0; r < rows; ++r) {
         float max_lse = kvcache::detail::negative_infinity();
@@ -44,9 +32,9 @@ void merge_states(int states, int rows, int head_dim, const States& state_output
             const float weight = kvcache::detail::merge_weight(lse[std::size_t(s) * rows + r], max_lse);
             if (weight == 0.0f) continue;
             total += weight;
-            const State* state = outputs.data() + (std::size_t(s) * rows + r) * head_dim;
+            const State* state = outputs + (std::size_t(s) * rows + r) * head_dim;
             for (int d = 0; d < head_dim; ++d) row[d] = to_float(state[d]);
-            detail::axpy(weight, row.data(), sum.data(), head_dim);
+            axpy(weight, row.data(), sum.data(), head_dim);
         }
         const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
         for (int d = 0; d < head_dim; ++d) merged[std::size_t(r) * head_dim + d] = from_float<Output>(sum[d] * inverse);
@@ -54,5 +42,6 @@ void merge_states(int states, int rows, int head_dim, const States& state_output
     }
 }
 
+}  // namespace detail
 }  // namespace cpu
 }  // namespace kvcache

@@ -73,14 +73,15 @@ std::string sequence_name(const Layout& view, int b) {
     return concat("batch entry ", b);
 }
 
-/// Checks CSR token offsets of a batch and returns the total tokens. For a
-/// batch of b sequences, b + 1 entries, non-decreasing from offsets[0] = 0;
-/// an empty batch may pass no entries. When the view's lengths are host
-/// memory, each sequence's tokens are also checked against its length.
+/// Checks CSR token offsets of a batch and returns the total tokens (-1 when
+/// they are device memory). For a batch of b sequences, b + 1 entries,
+/// non-decreasing from offsets[0] = 0; an empty batch may pass no entries.
+/// When they are host memory and the tokens sit at each sequence's last
+/// positions (tokens_within_length), each count is checked against its length.
 /// @tparam Layout a layout view
 template <class Layout>
 int check_offsets(const Layout& view, span<const int> offsets, const char* field, const char* verb,
-                  bool host_lengths) {
+                  bool host_lengths, bool tokens_within_length = true) {
     const int batch = view.sequence_count();
     require(batch >= 0, error_code::invalid_argument, "view.sequences = ", batch, " is negative");
     if (batch == 0 && offsets.empty()) return 0;
@@ -92,7 +93,7 @@ int check_offsets(const Layout& view, span<const int> offsets, const char* field
         const int tokens = offsets[b + 1] - offsets[b];
         require(offsets[b + 1] >= offsets[b], error_code::invalid_argument, field, " decreases at ",
                 sequence_name(view, b), ": ", field, "[", b + 1, "] = ", offsets[b + 1], " < ", offsets[b]);
-        require(tokens <= view.length(b), error_code::invalid_argument, sequence_name(view, b), " ", verb, " ", tokens,
+        require(!tokens_within_length || tokens <= view.length(b), error_code::invalid_argument, sequence_name(view, b), " ", verb, " ", tokens,
                 " tokens but its length is ", view.length(b), " (begin_append reserves the positions first)");
     }
     return offsets[batch];
@@ -101,9 +102,10 @@ int check_offsets(const Layout& view, span<const int> offsets, const char* field
 /// append: keys and values hold total tokens x kv_heads x head_dim.
 /// @tparam Layout a layout view
 template <class Layout>
-void check_append(const Layout& view, std::size_t keys, std::size_t values, span<const int> offsets, bool host_lengths) {
+void check_append(const Layout& view, std::size_t keys, std::size_t values, span<const int> offsets, bool host_lengths,
+                  bool tokens_within_length = true) {
     using heads = typename Layout::heads;
-    const int total = check_offsets(view, offsets, "new_token_offsets", "appends", host_lengths);
+    const int total = check_offsets(view, offsets, "new_token_offsets", "appends", host_lengths, tokens_within_length);
     const std::int64_t row = std::int64_t(heads::kv_heads) * heads::head_dim;
     if (total < 0) {  // offsets on the device: at least the two buffers must agree and be whole rows
         require(keys == values && keys % row == 0, error_code::invalid_argument, "keys (", keys, " elements) and values (",
@@ -133,10 +135,11 @@ void check_decode(const Layout& view, std::size_t queries, std::size_t outputs, 
 /// @tparam Layout a layout view
 template <class Layout>
 void check_prefill(const Layout& view, std::size_t queries, span<const int> offsets, std::size_t outputs,
-                   bool with_lse, std::size_t lse_size, const attention_options& options, bool host_lengths) {
+                   bool with_lse, std::size_t lse_size, const attention_options& options, bool host_lengths,
+                   bool tokens_within_length = true) {
     using heads = typename Layout::heads;
     check_options(options);
-    const int total = check_offsets(view, offsets, "query_offsets", "has", host_lengths);
+    const int total = check_offsets(view, offsets, "query_offsets", "has", host_lengths, tokens_within_length);
     const std::int64_t row = std::int64_t(heads::query_heads) * heads::head_dim;
     if (total < 0) {
         require(outputs >= queries && queries % row == 0, error_code::invalid_argument, "queries (", queries,
@@ -160,6 +163,70 @@ inline void check_merge(int states, int rows, int head_dim, std::size_t outputs,
     require_elements(lse, std::int64_t(states) * rows, 1, "lse", "states x rows");
     require_elements(merged, rows, head_dim, "merged", "rows x head_dim");
     if (with_merged_lse) require_elements(merged_lse_size, rows, 1, "merged_lse", "rows");
+}
+
+/// Explicit positions of a call (append's positions, prefill's
+/// query_positions): none, or one per token. On the host each is also checked:
+/// append positions against the sequence's length, query positions >= 0.
+/// @tparam Layout a layout view
+template <class Layout>
+void check_positions(const Layout& view, span<const int> positions, span<const int> offsets, int total,
+                     const char* field, bool within_length, bool host_memory) {
+    if (positions.empty()) return;
+    if (total < 0) {  // offsets on the device: the count cannot be known here, only that entries exist
+        return;
+    }
+    require(positions.size() == std::size_t(total), error_code::invalid_argument, field, " has ", positions.size(),
+            " entries but the batch has ", total, " tokens (one each, or none)");
+    if (!host_memory) return;
+    for (int b = 0; b < view.sequence_count(); ++b)
+        for (int i = offsets[b]; i < offsets[b + 1]; ++i) {
+            const int position = positions[i];
+            require(position >= 0, error_code::invalid_argument, field, "[", i, "] = ", position, " of ",
+                    sequence_name(view, b), " is negative");
+            if (within_length)
+                require(position < view.length(b), error_code::out_of_range, field, "[", i, "] = ", position, " of ",
+                        sequence_name(view, b), " is outside its length ", view.length(b),
+                        " (reserve the positions first)");
+        }
+}
+
+/// Every check of an append_params call; host_memory: the view's lengths,
+/// the offsets and the positions can be read here.
+/// @tparam Params an append_params
+template <class Params>
+void check_call_append(const Params& p, bool host_memory) {
+    check_append(p.view, p.keys.size(), p.values.size(), p.new_token_offsets, host_memory, p.positions.empty());
+    const int total = host_memory ? (p.view.sequence_count() == 0 ? 0 : p.new_token_offsets[p.view.sequence_count()]) : -1;
+    check_positions(p.view, p.positions, p.new_token_offsets, total, "positions", true, host_memory);
+}
+
+/// Every check of a decode_params call; check_outputs false: the outputs are
+/// not written (the reference's exact results), so not checked either.
+/// @tparam Params a decode_params
+template <class Params>
+void check_call_decode(const Params& p, bool check_outputs = true) {
+    const std::size_t outputs = check_outputs ? p.outputs.size() : p.queries.size();
+    check_decode(p.view, p.queries.size(), outputs, check_outputs && !p.lse.empty(), p.lse.size(), p.options);
+}
+
+/// Every check of a prefill_params call (see check_call_append for host_memory).
+/// @tparam Params a prefill_params
+template <class Params>
+void check_call_prefill(const Params& p, bool host_memory, bool check_outputs = true) {
+    const std::size_t outputs = check_outputs ? p.outputs.size() : p.queries.size();
+    check_prefill(p.view, p.queries.size(), p.query_offsets, outputs, check_outputs && !p.lse.empty(), p.lse.size(),
+                  p.options, host_memory, p.query_positions.empty());
+    const int total = host_memory ? (p.view.sequence_count() == 0 ? 0 : p.query_offsets[p.view.sequence_count()]) : -1;
+    check_positions(p.view, p.query_positions, p.query_offsets, total, "query_positions", false, host_memory);
+}
+
+/// Every check of a merge_params call.
+/// @tparam Params a merge_params
+template <class Params>
+void check_call_merge(const Params& p) {
+    check_merge(p.states, p.rows, p.head_dim, p.outputs.size(), p.lse.size(), p.merged.size(), !p.merged_lse.empty(),
+                p.merged_lse.size());
 }
 
 }  // namespace detail

@@ -3,7 +3,7 @@
 // launch the bodies in order. The policy provides
 //   int multiprocessors() const;
 //   template <class Body, class Params> void launch(index3 grid, std::size_t shared_bytes, const Params&);
-//   template <class T> <buffer with data()> workspace(std::size_t count);
+//   <buffer of float with data()> workspace(std::size_t count);
 #pragma once
 
 #include <algorithm>
@@ -42,18 +42,19 @@ inline void check_batch(int batch) {
 }
 
 template <class Launcher, class Layout, class Input>
-void run_append(Launcher& launcher, const Layout& view, const Input* keys, const Input* values, const int* offsets) {
+void run_append(Launcher& launcher, const Layout& view, const Input* keys, const Input* values, const int* offsets,
+                const int* positions) {
     using heads = typename Layout::heads;
     const int batch = view.sequence_count();
     check_batch(batch);
     if (batch == 0) return;
-    const append_params<Layout, Input> params{view, keys, values, offsets};
+    const append_kernel_params<Layout, Input> params{view, keys, values, offsets, positions};
     launcher.template launch<append_kernel<Layout, Input>>(
         index3{spread_blocks(batch, heads::kv_heads, launcher.multiprocessors()), heads::kv_heads, batch}, 0, params);
 }
 
 template <class Launcher, class State, class Output>
-void run_merge(Launcher& launcher, const merge_params<State, Output>& params) {
+void run_merge(Launcher& launcher, const merge_kernel_params<State, Output>& params) {
     if (params.rows == 0) return;
     launcher.template launch<merge_states_kernel<State, Output>>(index3{params.rows, 1, 1}, 0, params);
 }
@@ -67,7 +68,7 @@ void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Qu
     check_batch(batch);
     if (batch == 0) return;
     const int splits = decode_splits(batch, heads::kv_heads, launcher.multiprocessors(), options);
-    decode_params<Layout, Query> params{view, queries, outputs, lse, nullptr, nullptr,
+    decode_kernel_params<Layout, Query> params{view, queries, outputs, lse, nullptr, nullptr,
                                         resolved_softmax_scale(options, heads::head_dim), options.logits_soft_cap, splits};
     const index3 grid{splits, heads::kv_heads, batch};
     if (splits == 1) {
@@ -75,25 +76,25 @@ void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Qu
         return;
     }
     const std::size_t rows = std::size_t(batch) * heads::query_heads;
-    auto workspace = launcher.template workspace<float>(rows * splits * (heads::head_dim + 1));
+    auto workspace = launcher.workspace(rows * splits * (heads::head_dim + 1));
     params.partial_outputs = workspace.data();
     params.partial_lse = workspace.data() + rows * splits * heads::head_dim;
     launcher.template launch<body>(grid, body::shared_bytes, params);
-    const merge_params<float, Query> merge{params.partial_outputs, params.partial_lse, outputs, lse, int(rows), splits,
+    const merge_kernel_params<float, Query> merge{params.partial_outputs, params.partial_lse, outputs, lse, int(rows), splits,
                                            heads::head_dim, heads::head_dim, std::int64_t(splits) * heads::head_dim,
                                            1, splits};
     run_merge(launcher, merge);
 }
 
 template <class Launcher, class Layout, class Query>
-void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, const int* query_offsets, Query* outputs,
-                 float* lse, const attention_options& options) {
+void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, const int* query_offsets,
+                 const int* query_positions, Query* outputs, float* lse, const attention_options& options) {
     using heads = typename Layout::heads;
     using body = prefill_kernel<Layout, Query>;
     const int batch = view.sequence_count();
     check_batch(batch);
     if (batch == 0) return;
-    const prefill_params<Layout, Query> params{view, queries, query_offsets, outputs, lse,
+    const prefill_kernel_params<Layout, Query> params{view, queries, query_offsets, query_positions, outputs, lse,
                                                resolved_softmax_scale(options, heads::head_dim), options.logits_soft_cap};
     launcher.template launch<body>(index3{spread_blocks(batch, heads::kv_heads, launcher.multiprocessors()),
                                           heads::kv_heads, batch},
@@ -102,7 +103,7 @@ void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, c
 
 /// Merge parameters for state-major inputs: outputs [states][rows][head_dim], lse [states][rows].
 template <class State, class Output>
-merge_params<State, Output> state_major_merge(int states, int rows, int head_dim, const State* outputs, const float* lse,
+merge_kernel_params<State, Output> state_major_merge(int states, int rows, int head_dim, const State* outputs, const float* lse,
                                               Output* merged, float* merged_lse) {
     return {outputs, lse, merged, merged_lse, rows, states, head_dim, std::int64_t(rows) * head_dim, head_dim, rows, 1};
 }

@@ -16,6 +16,17 @@
 namespace kvcache {
 namespace detail {
 
+/// Where a tile's query tokens sit: token t at first + t (decode, and prefill
+/// of the last positions), or at explicit_positions[t] when the caller placed
+/// them (cascade attention: other requests' queries over a shared prefix).
+struct tile_query_positions {
+    const int* explicit_positions;  ///< null: consecutive from first
+    int first;
+    KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE int operator()(int token) const noexcept {
+        return explicit_positions ? explicit_positions[token] : first + token;
+    }
+};
+
 /// Shared-memory offsets and the per-tile steps of the attention bodies.
 /// @tparam Rows query rows a block holds (tokens x Group)
 /// @tparam Group query heads per KV head (the rows of one token)
@@ -51,11 +62,12 @@ struct attention_tile {
     }
 
     /// One tile: the first n (<= Tile) keys and values of run, seen by rows of
-    /// tokens [0, tokens) at positions first_position + token.
+    /// tokens [0, tokens) at positions query_position(token).
     template <class Context, class Element, class Queries, class Keys, class Values, class Scores, class Stats>
     KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static void step(Context& ctx, const position_run<Element>& run, int n,
                                                               const attention_visibility& visibility,
-                                                              int first_position, int tokens, float soft_cap,
+                                                              tile_query_positions query_position, int tokens,
+                                                              float soft_cap,
                                                               Queries& queries, Keys& keys, Values& values,
                                                               Scores& scores, Stats& stats,
                                                               float (&accumulators)[per_thread]) {
@@ -72,7 +84,7 @@ struct attention_tile {
         for (int i = thread; i < Rows * Tile; i += BlockThreads) {
             const int r = i / Tile, t = i % Tile, token = r / Group;
             float score = negative_infinity();
-            if (t < n && token < tokens && visibility.allows(first_position + token, run.first_position + t)) {
+            if (t < n && token < tokens && visibility.allows(query_position(token), run.first_position + t)) {
                 float dot = 0.0f;
                 for (int d = 0; d < Dim; ++d) dot += queries[r * Dim + d] * keys[t * pitch + d];
                 score = apply_soft_cap(dot, soft_cap);

@@ -1,0 +1,66 @@
+// The CPU backend object: the operations of operation_params.hpp for layout
+// views in host memory, threaded across (sequence, KV head[, split | query
+// block]) on the library's thread pool.
+#pragma once
+
+#include "kvcache/backend/cpu/append.hpp"
+#include "kvcache/backend/cpu/attention.hpp"
+#include "kvcache/backend/cpu/merge_states.hpp"
+#include "kvcache/backend/detail/call_checks.hpp"
+#include "kvcache/backend/operation_params.hpp"
+
+namespace kvcache {
+
+/// The CPU backend: same members and params as reference_backend,
+/// emulated_backend and cuda_backend. Every call checks its params first
+/// (nothing is written when one is wrong) and returns when the work is done.
+class cpu_backend {
+public:
+    /// Writes new tokens' K/V rows (see append_params).
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Input float or kvcache::half
+    template <class Layout, class Input>
+    void append(const append_params<Layout, Input>& p) const {
+        detail::check_call_append(p, true);
+        cpu::detail::append(p.view, p.keys.data(), p.values.data(), p.new_token_offsets.data(),
+                            p.positions.empty() ? nullptr : p.positions.data());
+    }
+
+    /// Decode attention (see decode_params); kv_splits 0 splits the keys when
+    /// the batch has fewer (sequence, KV head) items than threads.
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Query float or kvcache::half
+    template <class Layout, class Query>
+    void decode(const decode_params<Layout, Query>& p) const {
+        detail::check_call_decode(p);
+        cpu::detail::decode(p.view, p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
+                            p.options);
+    }
+
+    /// Prefill attention (see prefill_params).
+    /// @tparam Layout a layout view over host memory
+    /// @tparam Query float or kvcache::half
+    template <class Layout, class Query>
+    void prefill(const prefill_params<Layout, Query>& p) const {
+        detail::check_call_prefill(p, true);
+        if (p.view.sequence_count() == 0) return;
+        cpu::detail::prefill(p.view, p.queries.data(), p.query_offsets.data(),
+                             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
+                             p.lse.empty() ? nullptr : p.lse.data(), p.options);
+    }
+
+    /// Merges partial attention states (see merge_params).
+    /// @tparam State float or kvcache::half
+    /// @tparam Output float or kvcache::half
+    template <class State, class Output>
+    void merge(const merge_params<State, Output>& p) const {
+        detail::check_call_merge(p);
+        cpu::detail::merge(p.states, p.rows, p.head_dim, p.outputs.data(), p.lse.data(), p.merged.data(),
+                           p.merged_lse.empty() ? nullptr : p.merged_lse.data());
+    }
+
+    /// Threads the backend runs on (the library's pool).
+    int threads() const { return cpu::detail::thread_pool::instance().threads(); }
+};
+
+}  // namespace kvcache

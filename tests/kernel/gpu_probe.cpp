@@ -65,8 +65,9 @@ int run() {
     unsigned state = 7;
     for (std::size_t i = 0; i < rows; ++i) new_keys[i] = element(next_random(state)), new_values[i] = element(next_random(state));
     using kvcache::span;
-    kvcache::cuda::append(view, span<const element>(new_keys, rows), span<const element>(new_values, rows),
-                          span<const int>(offsets, batch + 1));
+    const kvcache::cuda_backend backend;
+    backend.append(kvcache::append_params(view, span<const element>(new_keys, rows), span<const element>(new_values, rows),
+                                          span<const int>(offsets, batch + 1)));
 
     int* query_offsets = managed<int>(batch + 1);
     query_offsets[0] = 0;
@@ -79,17 +80,19 @@ int run() {
     const std::size_t decode_elements = std::size_t(batch) * heads::query_heads * heads::head_dim;
     const span<const element> query_rows(queries, prefill_rows * heads::head_dim);
     const span<const int> query_offset_rows(query_offsets, batch + 1);
-    kvcache::attention_options options;
-    kvcache::cuda::prefill_attention(view, query_rows, query_offset_rows,
-                                     span<element>(prefill_out, prefill_rows * heads::head_dim), options);
-    options.kv_splits = 3;
-    kvcache::cuda::decode_attention(view, query_rows, span<element>(decode_out, decode_elements), options);
+    kvcache::prefill_params prefill(view, query_rows, query_offset_rows,
+                                    span<element>(prefill_out, prefill_rows * heads::head_dim));
+    backend.prefill(prefill);
+    const span<const element> decode_queries(queries, decode_elements);
+    kvcache::decode_params decode(view, decode_queries, span<element>(decode_out, decode_elements));
+    decode.options.kv_splits = 3;
+    backend.decode(decode);
     if (cudaDeviceSynchronize() != cudaSuccess) {
         std::printf("kvcache gpu probe: kernel failed: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
     }
-    const auto prefill_expected = kvcache::reference::prefill_attention_exact(view, query_rows, query_offset_rows, options);
-    const auto decode_expected = kvcache::reference::decode_attention_exact(view, query_rows, options);
+    const auto prefill_expected = kvcache::reference_backend{}.prefill_exact(prefill);
+    const auto decode_expected = kvcache::reference_backend{}.decode_exact(decode);
     double worst = 0.0;
     for (std::size_t i = 0; i < prefill_expected.outputs.size(); ++i)
         worst = std::fmax(worst, std::fabs(float(prefill_out[i]) - prefill_expected.outputs[i]));

@@ -73,46 +73,49 @@ void synchronise() {
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
-struct cuda_backend {
-    static constexpr const char* name = "cuda";
-    template <class View>
-    static void decode(const View& view, const std::vector<typename View::element_type>& q,
-                       std::vector<typename View::element_type>& o, std::vector<float>& lse,
-                       const attention_options& options) {
-        using heads = typename View::heads;
-        const std::size_t rows = std::size_t(view.sequence_count()) * heads::query_heads;
-        auto queries = managed_copy(q.data(), rows * heads::head_dim);
-        managed_buffer<typename View::element_type> outputs(rows * heads::head_dim);
-        managed_buffer<float> lses(rows);
-        cuda::decode_attention_with_lse(view, queries, outputs, lses, options);
+/// The CUDA backend over the harness's host vectors: the harness fills
+/// std::vectors, the kernels need device-accessible memory, so each call
+/// copies its buffers into managed memory and waits for the stream.
+struct managed_cuda_backend {
+    kvcache::cuda_backend backend;
+    template <class View, class Query>
+    void decode(const decode_params<View, Query>& p) const {
+        auto queries = managed_copy(p.queries.data(), p.queries.size());
+        managed_buffer<Query> outputs(p.outputs.size());
+        managed_buffer<float> lse(p.lse.size());
+        decode_params<View, Query> call(p.view, queries, outputs);
+        if (!p.lse.empty()) call.lse = lse;
+        call.options = p.options;
+        backend.decode(call);
         synchronise();
-        std::memcpy(static_cast<void*>(o.data()), outputs.data(), rows * heads::head_dim * sizeof(o[0]));
-        std::memcpy(lse.data(), lses.data(), rows * sizeof(float));
+        std::memcpy(static_cast<void*>(p.outputs.data()), outputs.data(), p.outputs.size() * sizeof(Query));
+        if (!p.lse.empty()) std::memcpy(p.lse.data(), lse.data(), p.lse.size() * sizeof(float));
     }
-    template <class View>
-    static void prefill(const View& view, const std::vector<typename View::element_type>& q,
-                        const std::vector<int>& offsets, std::vector<typename View::element_type>& o,
-                        std::vector<float>& lse, const attention_options& options) {
-        using heads = typename View::heads;
-        const std::size_t rows = std::size_t(offsets[view.sequence_count()]) * heads::query_heads;
-        auto queries = managed_copy(q.data(), rows * heads::head_dim);
-        auto query_offsets = managed_copy(offsets.data(), std::size_t(view.sequence_count()) + 1);
-        managed_buffer<typename View::element_type> outputs(rows * heads::head_dim);
-        managed_buffer<float> lses(rows);
-        cuda::prefill_attention_with_lse(view, queries, query_offsets, outputs, lses, options);
+    template <class View, class Query>
+    void prefill(const prefill_params<View, Query>& p) const {
+        auto queries = managed_copy(p.queries.data(), p.queries.size());
+        auto offsets = managed_copy(p.query_offsets.data(), p.query_offsets.size());
+        auto positions = managed_copy(p.query_positions.data(), p.query_positions.size());
+        managed_buffer<Query> outputs(p.outputs.size());
+        managed_buffer<float> lse(p.lse.size());
+        prefill_params<View, Query> call(p.view, queries, offsets, outputs);
+        if (!p.lse.empty()) call.lse = lse;
+        if (!p.query_positions.empty()) call.query_positions = positions;
+        call.options = p.options;
+        backend.prefill(call);
         synchronise();
-        std::memcpy(static_cast<void*>(o.data()), outputs.data(), rows * heads::head_dim * sizeof(o[0]));
-        std::memcpy(lse.data(), lses.data(), rows * sizeof(float));
+        std::memcpy(static_cast<void*>(p.outputs.data()), outputs.data(), p.outputs.size() * sizeof(Query));
+        if (!p.lse.empty()) std::memcpy(p.lse.data(), lse.data(), p.lse.size() * sizeof(float));
     }
-    template <class View>
-    static void append(const View& view, const std::vector<typename View::element_type>& k,
-                       const std::vector<typename View::element_type>& v, const std::vector<int>& offsets) {
-        using heads = typename View::heads;
-        const std::size_t count = std::size_t(offsets[view.sequence_count()]) * heads::kv_heads * heads::head_dim;
-        auto keys = managed_copy(k.data(), count);
-        auto values = managed_copy(v.data(), count);
-        auto new_offsets = managed_copy(offsets.data(), std::size_t(view.sequence_count()) + 1);
-        cuda::append(view, keys, values, new_offsets);
+    template <class View, class Input>
+    void append(const append_params<View, Input>& p) const {
+        auto keys = managed_copy(p.keys.data(), p.keys.size());
+        auto values = managed_copy(p.values.data(), p.values.size());
+        auto offsets = managed_copy(p.new_token_offsets.data(), p.new_token_offsets.size());
+        auto positions = managed_copy(p.positions.data(), p.positions.size());
+        append_params<View, Input> call(p.view, keys, values, offsets);
+        if (!p.positions.empty()) call.positions = positions;
+        backend.append(call);
         synchronise();
     }
 };
@@ -137,8 +140,8 @@ void check_compiled(type_list<Configurations...>) {
     const auto one = [](auto configuration) {
         using c = decltype(configuration);
         using factory = typename factory_for<typename c::layout>::type;
-        check_attention<cuda_backend, factory, typename c::element, typename c::heads>();
-        check_append<cuda_backend, factory, typename c::element, typename c::heads>();
+        check_attention<factory, typename c::element, typename c::heads>(managed_cuda_backend{}, "cuda");
+        check_append<factory, typename c::element, typename c::heads>(managed_cuda_backend{}, "cuda");
     };
     (one(Configurations{}), ...);
 }
@@ -180,10 +183,14 @@ TEST_CASE("cuda merge_states: empty states weigh nothing") {
     auto outputs = managed_copy(host_outputs.data(), host_outputs.size());
     auto lse = managed_copy(host_lse.data(), host_lse.size());
     managed_buffer<float> merged(rows * dim), merged_lse(rows);
-    cuda::merge_states(states, rows, dim, outputs, lse, merged, merged_lse);
+    merge_params call(states, rows, dim, outputs, lse, merged);
+    call.merged_lse = merged_lse;
+    cuda_backend{}.merge(call);
     synchronise();
     std::vector<float> expected(rows * dim), expected_lse(rows);
-    reference::merge_states(states, rows, dim, host_outputs, host_lse, expected, expected_lse);
+    merge_params reference_call(states, rows, dim, host_outputs, host_lse, expected);
+    reference_call.merged_lse = expected_lse;
+    reference_backend{}.merge(reference_call);
     for (int i = 0; i < rows * dim; ++i) CHECK(merged[i] == doctest::Approx(expected[i]).epsilon(1e-5));
     CHECK(merged_lse[2] == -inf);
 }

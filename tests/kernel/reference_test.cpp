@@ -35,7 +35,9 @@ TEST_CASE("reference decode: one key gives its value, two keys a softmax blend")
     float query[8] = {0.5f, 0, 0, 0, 0, 0, 0, 0};
     attention_options options;
     options.softmax_scale = 2.0f;
-    const auto result = reference::decode_attention_exact(cache.view(), query, options);
+    decode_params call(cache.view(), query, span<float>());
+    call.options = options;
+    const auto result = reference_backend{}.decode_exact(call);
     // logits: 2*0.5*1 = 1 and 2*0.5*2 = 2
     const double w0 = std::exp(1.0), w1 = std::exp(2.0);
     CHECK(result.outputs[0] == doctest::Approx(3.0 * w0 / (w0 + w1)).epsilon(1e-12));
@@ -51,12 +53,14 @@ TEST_CASE("reference decode honours the window, the sinks and the soft cap") {
     float query[8] = {1.0f, 0, 0, 0, 0, 0, 0, 0};
     attention_options options;
     options.softmax_scale = 1.0f;
-    auto result = reference::decode_attention_exact(cache.view(), query, options);
+    decode_params call(cache.view(), query, span<float>());
+    call.options = options;
+    auto result = reference_backend{}.decode_exact(call);
     const double w0 = std::exp(0.0), w3 = std::exp(3.0), w4 = std::exp(4.0);
     CHECK(result.outputs[0] == doctest::Approx((1 * w0 + 4 * w3 + 5 * w4) / (w0 + w3 + w4)).epsilon(1e-12));
 
-    options.logits_soft_cap = 2.0f;  // logits become 2 tanh(l / 2)
-    result = reference::decode_attention_exact(cache.view(), query, options);
+    call.options.logits_soft_cap = 2.0f;  // logits become 2 tanh(l / 2)
+    result = reference_backend{}.decode_exact(call);
     const double c0 = 1.0, c3 = std::exp(2 * std::tanh(1.5)), c4 = std::exp(2 * std::tanh(2.0));
     CHECK(result.outputs[0] == doctest::Approx((1 * c0 + 4 * c3 + 5 * c4) / (c0 + c3 + c4)).epsilon(1e-12));
 }
@@ -66,10 +70,28 @@ TEST_CASE("reference prefill is causal within the chunk") {
     for (int p = 0; p < 3; ++p) set_row(cache, 0, p, 1.0f, float(10 * (p + 1)), 0);
     std::vector<float> queries(2 * 8, 0.0f);  // the last two positions, 1 and 2; all logits equal
     const int offsets[2] = {0, 2};
-    const auto result = reference::prefill_attention_exact(cache.view(), queries, offsets);
+    prefill_params call(cache.view(), queries, offsets, span<float>());
+    const auto result = reference_backend{}.prefill_exact(call);
     CHECK(result.outputs[0] == doctest::Approx(15.0));  // position 1 sees 10, 20
     CHECK(result.outputs[8] == doctest::Approx(20.0));  // position 2 sees 10, 20, 30
     CHECK(result.lse[0] == doctest::Approx(std::log(2.0)));
+}
+
+TEST_CASE("reference prefill at explicit query positions: each query sees the keys up to its own position") {
+    scatter_cache<float, heads_1x1x8> cache({3}, 0, 0, 3, 1);
+    for (int p = 0; p < 3; ++p) set_row(cache, 0, p, 1.0f, float(10 * (p + 1)), 0);
+    std::vector<float> queries(4 * 8, 0.0f);  // all logits equal: outputs are plain means
+    const int offsets[2] = {0, 4};
+    const int positions[4] = {0, 7, 1, 2};  // unsorted; 7 is past the length: it sees every key
+    prefill_params call(cache.view(), queries, offsets, span<float>());
+    call.query_positions = positions;
+    const auto result = reference_backend{}.prefill_exact(call);
+    CHECK(result.outputs[0] == doctest::Approx(10.0));
+    CHECK(result.outputs[8] == doctest::Approx(20.0));
+    CHECK(result.outputs[16] == doctest::Approx(15.0));
+    CHECK(result.outputs[24] == doctest::Approx(20.0));
+    CHECK(result.lse[0] == doctest::Approx(0.0));
+    CHECK(result.lse[1] == doctest::Approx(std::log(3.0)));
 }
 
 TEST_CASE("reference merge: empty states weigh nothing and never give NaN") {
@@ -89,7 +111,9 @@ TEST_CASE("reference merge: empty states weigh nothing and never give NaN") {
     const std::vector<float> outputs = rows({{9, 9}, {1, 1}, {2, 4}, {9, 9}});
     const std::vector<float> lse = {-inf, -inf, std::log(3.0f), -inf};
     std::vector<float> merged(2 * dim, -1.0f), merged_lse(2, 0.0f);
-    reference::merge_states(2, 2, dim, outputs, lse, merged, merged_lse);
+    merge_params first(2, 2, dim, outputs, lse, merged);
+    first.merged_lse = merged_lse;
+    reference_backend{}.merge(first);
     CHECK(merged[0] == doctest::Approx(2.0));
     CHECK(merged[1] == doctest::Approx(4.0));
     CHECK(merged_lse[0] == doctest::Approx(std::log(3.0)));
@@ -100,7 +124,9 @@ TEST_CASE("reference merge: empty states weigh nothing and never give NaN") {
     // Two equal-weight states average.
     const std::vector<float> both = rows({{1, 2}, {3, 6}});
     const std::vector<float> both_lse = {0.5f, 0.5f};
-    reference::merge_states(2, 1, dim, both, both_lse, merged, merged_lse);
+    merge_params second(2, 1, dim, both, both_lse, span<float>(merged.data(), dim));
+    second.merged_lse = span<float>(merged_lse.data(), 1);
+    reference_backend{}.merge(second);
     CHECK(merged[0] == doctest::Approx(2.0));
     CHECK(merged[1] == doctest::Approx(4.0));
     CHECK(merged_lse[0] == doctest::Approx(0.5 + std::log(2.0)));
@@ -112,8 +138,22 @@ TEST_CASE("reference append skips positions the window dropped") {
     std::vector<float> keys(4 * 8), values(4 * 8);
     for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = float(i), values[i] = -float(i);
     const int offsets[2] = {0, 4};
-    reference::append(cache.view(), keys, values, offsets);
+    reference_backend{}.append(append_params(cache.view(), keys, values, offsets));
     CHECK(cache.view().key(0, 0, 2)[0] == 16.0f);
     CHECK(cache.view().value(0, 0, 3)[7] == -31.0f);
     CHECK_FALSE(reference::is_present(cache.view(), 0, 1));
+}
+
+TEST_CASE("reference append at explicit positions writes exactly those rows") {
+    scatter_cache<float, heads_1x1x8> cache({4}, 0, 0, 1, 5);
+    std::vector<float> keys(2 * 8, 1.0f), values(2 * 8, 2.0f);
+    const float before = cache.view().key(0, 0, 0)[0];
+    const int offsets[2] = {0, 2};
+    append_params call(cache.view(), keys, values, offsets);
+    const int positions[2] = {3, 1};
+    call.positions = positions;
+    reference_backend{}.append(call);
+    CHECK(cache.view().key(0, 0, 3)[0] == 1.0f);
+    CHECK(cache.view().value(0, 0, 1)[5] == 2.0f);
+    CHECK(cache.view().key(0, 0, 0)[0] == before);
 }

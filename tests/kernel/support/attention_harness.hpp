@@ -128,85 +128,142 @@ void fill_cache(const View& view, unsigned seed) {
     const std::size_t count = std::size_t(offsets.back()) * heads::kv_heads * heads::head_dim;
     const auto keys = random_rows<float>(count, 1.0f, seed);
     const auto values = random_rows<float>(count, 1.0f, seed + 1);
-    reference::append(view, keys, values, offsets);
+    reference_backend{}.append(append_params(view, keys, values, offsets));
+}
+
+/// Query positions for a prefill of chunk[b] tokens per sequence placed by
+/// hand: unsorted, repeated, some past the sequence's length (cascade), some
+/// before its end (what a tree of drafts asks).
+inline std::vector<int> scattered_positions(const std::vector<int>& offsets, const std::vector<int>& lengths,
+                                            unsigned seed) {
+    std::mt19937 random(seed);
+    std::vector<int> positions;
+    for (std::size_t b = 0; b + 1 < offsets.size(); ++b) {
+        std::uniform_int_distribution<int> pick(0, lengths[b] + 8);
+        for (int t = offsets[b]; t < offsets[b + 1]; ++t) positions.push_back(pick(random));
+    }
+    return positions;
 }
 
 inline std::string heads_name(int q, int kv, int d) {
     return std::to_string(q) + "q/" + std::to_string(kv) + "kv/d" + std::to_string(d);
 }
 
-/// Runs decode and prefill of Backend on a cache from Factory for every
-/// standard case and compares with the reference. Query elements are Query.
-/// @tparam Backend struct with static decode(view, q, o, lse, options) and prefill(view, q, offsets, o, lse, options),
-///         each taking std::vector buffers
+/// Runs decode and prefill (at the last positions and at explicit query
+/// positions) of a backend on a cache from Factory for every standard case
+/// and compares with the reference. Query elements are Query.
 /// @tparam Factory struct with name and make<Element, Heads>(case, seed) returning an owner with view()
-template <class Backend, class Factory, class Element, class Heads, class Query = Element>
-void check_attention(const std::vector<context_case>& cases = standard_cases()) {
+/// @tparam Element the cache's element type
+/// @tparam Heads a head_config
+/// @tparam Query the queries' and outputs' element type
+/// @tparam Backend a backend object (reference_backend, cpu_backend, emulated_backend, ...)
+template <class Factory, class Element, class Heads, class Query = Element, class Backend>
+void check_attention(const Backend& backend, const std::string& backend_name,
+                     const std::vector<context_case>& cases = standard_cases()) {
     const std::string type = std::is_same_v<Element, float> ? "fp32" : "fp16";
     const std::string query_type = std::is_same_v<Query, float> ? "fp32" : "fp16";
     const std::string heads = heads_name(Heads::query_heads, Heads::kv_heads, Heads::head_dim);
+    const reference_backend reference;
     unsigned seed = 11;
     for (const context_case& c : cases) {
         auto cache = Factory::template make<Element, Heads>(c, seed++);
         const auto view = cache->view();
         fill_cache(view, seed++);
-        const std::string what = std::string(Backend::name) + " " + Factory::name + " " + type + " cache, " + query_type +
+        const std::string what = backend_name + " " + Factory::name + " " + type + " cache, " + query_type +
                                  " queries, " + heads + ", " + c.name;
         const int batch = view.sequence_count();
         {  // decode
             const auto queries = random_rows<Query>(std::size_t(batch) * Heads::query_heads * Heads::head_dim, 3.0f, seed++);
             std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
             std::vector<float> lse(std::size_t(batch) * Heads::query_heads, 99.0f);
-            Backend::decode(view, queries, outputs, lse, c.options);
-            compare(outputs, lse, reference::decode_attention_exact(view, queries, c.options), what + ", decode");
+            decode_params call(view, queries, outputs);
+            call.lse = lse;
+            call.options = c.options;
+            backend.decode(call);
+            compare(outputs, lse, reference.decode_exact(call), what + ", decode");
         }
-        {  // prefill
-            std::vector<int> offsets(1, 0);
-            for (int b = 0; b < batch; ++b) offsets.push_back(offsets.back() + c.chunk[b]);
-            const auto queries =
-                random_rows<Query>(std::size_t(offsets.back()) * Heads::query_heads * Heads::head_dim, 3.0f, seed++);
+        std::vector<int> offsets(1, 0);
+        for (int b = 0; b < batch; ++b) offsets.push_back(offsets.back() + c.chunk[b]);
+        const auto queries =
+            random_rows<Query>(std::size_t(offsets.back()) * Heads::query_heads * Heads::head_dim, 3.0f, seed++);
+        {  // prefill of the last positions
             std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
             std::vector<float> lse(std::size_t(offsets.back()) * Heads::query_heads, 99.0f);
-            Backend::prefill(view, queries, offsets, outputs, lse, c.options);
-            compare(outputs, lse, reference::prefill_attention_exact(view, queries, offsets, c.options),
-                    what + ", prefill");
+            prefill_params call(view, queries, offsets, outputs);
+            call.lse = lse;
+            call.options = c.options;
+            backend.prefill(call);
+            compare(outputs, lse, reference.prefill_exact(call), what + ", prefill");
+        }
+        {  // prefill at explicit query positions
+            const auto positions = scattered_positions(offsets, c.lengths, seed++);
+            std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
+            std::vector<float> lse(std::size_t(offsets.back()) * Heads::query_heads, 99.0f);
+            prefill_params call(view, queries, offsets, outputs);
+            call.lse = lse;
+            call.query_positions = positions;
+            call.options = c.options;
+            backend.prefill(call);
+            compare(outputs, lse, reference.prefill_exact(call), what + ", prefill at explicit positions");
         }
     }
     combination_registry::instance().add("decode", Factory::name, type, heads);
     combination_registry::instance().add("prefill", Factory::name, type, heads);
 }
 
-/// Appends the last chunk[b] tokens of every sequence with Backend and with
-/// the reference into two identical caches and compares every stored row bit for bit.
-template <class Backend, class Factory, class Element, class Heads, class Input = Element>
-void check_append(const std::vector<context_case>& cases = standard_cases()) {
+/// Appends the last chunk[b] tokens of every sequence with a backend and
+/// with the reference into two identical caches and compares every stored row
+/// bit for bit; then the same at explicit positions (every other present one).
+/// @tparam Factory see check_attention
+/// @tparam Element the cache's element type
+/// @tparam Heads a head_config
+/// @tparam Input the new rows' element type
+/// @tparam Backend a backend object
+template <class Factory, class Element, class Heads, class Input = Element, class Backend>
+void check_append(const Backend& backend, const std::string& backend_name,
+                  const std::vector<context_case>& cases = standard_cases()) {
     const std::string type = std::is_same_v<Element, float> ? "fp32" : "fp16";
     unsigned seed = 101;
     for (const context_case& c : cases) {
-        auto actual = Factory::template make<Element, Heads>(c, seed);
-        auto expected = Factory::template make<Element, Heads>(c, seed);
-        seed++;
-        const auto view = actual->view();
-        const auto expected_view = expected->view();
-        std::vector<int> offsets(1, 0);
-        for (int b = 0; b < view.sequence_count(); ++b) offsets.push_back(offsets.back() + c.chunk[b]);
-        const std::size_t count = std::size_t(offsets.back()) * Heads::kv_heads * Heads::head_dim;
-        const auto keys = random_rows<Input>(count, 1.0f, seed++);
-        const auto values = random_rows<Input>(count, 1.0f, seed++);
-        Backend::append(view, keys, values, offsets);
-        reference::append(expected_view, keys, values, offsets);
-        INFO(Backend::name << " append, " << Factory::name << " " << type << ", " << c.name);
-        std::size_t mismatches = 0;
-        for (int b = 0; b < view.sequence_count(); ++b)
-            for (int i = 0; i < view.visible_count(b); ++i) {
-                const int p = view.visible_position(b, i);
-                for (int h = 0; h < Heads::kv_heads; ++h)
-                    for (int d = 0; d < Heads::head_dim; ++d) {
-                        mismatches += std::memcmp(&view.key(b, h, p)[d], &expected_view.key(b, h, p)[d], sizeof(Element)) != 0;
-                        mismatches += std::memcmp(&view.value(b, h, p)[d], &expected_view.value(b, h, p)[d], sizeof(Element)) != 0;
-                    }
+        for (const bool explicit_positions : {false, true}) {
+            auto actual = Factory::template make<Element, Heads>(c, seed);
+            auto expected = Factory::template make<Element, Heads>(c, seed);
+            seed++;
+            const auto view = actual->view();
+            const auto expected_view = expected->view();
+            std::vector<int> offsets(1, 0), positions;
+            for (int b = 0; b < view.sequence_count(); ++b) {
+                int tokens = c.chunk[b];
+                if (explicit_positions) {  // every other present position, newest first
+                    tokens = 0;
+                    for (int i = view.visible_count(b) - 1; i >= 0; i -= 2, ++tokens)
+                        positions.push_back(view.visible_position(b, i));
+                }
+                offsets.push_back(offsets.back() + tokens);
             }
-        CHECK(mismatches == 0);
+            const std::size_t count = std::size_t(offsets.back()) * Heads::kv_heads * Heads::head_dim;
+            const auto keys = random_rows<Input>(count, 1.0f, seed++);
+            const auto values = random_rows<Input>(count, 1.0f, seed++);
+            append_params call(view, keys, values, offsets);
+            call.positions = positions;
+            backend.append(call);
+            append_params expected_call(expected_view, keys, values, offsets);
+            expected_call.positions = positions;
+            reference_backend{}.append(expected_call);
+            INFO(backend_name << " append, " << Factory::name << " " << type << ", " << c.name
+                              << (explicit_positions ? ", explicit positions" : ""));
+            std::size_t mismatches = 0;
+            for (int b = 0; b < view.sequence_count(); ++b)
+                for (int i = 0; i < view.visible_count(b); ++i) {
+                    const int p = view.visible_position(b, i);
+                    for (int h = 0; h < Heads::kv_heads; ++h)
+                        for (int d = 0; d < Heads::head_dim; ++d) {
+                            mismatches += std::memcmp(&view.key(b, h, p)[d], &expected_view.key(b, h, p)[d], sizeof(Element)) != 0;
+                            mismatches += std::memcmp(&view.value(b, h, p)[d], &expected_view.value(b, h, p)[d], sizeof(Element)) != 0;
+                        }
+                }
+            CHECK(mismatches == 0);
+        }
     }
     combination_registry::instance().add("append", Factory::name, type,
                                          heads_name(Heads::query_heads, Heads::kv_heads, Heads::head_dim));

@@ -74,9 +74,9 @@ private:
         // loop below needs the lowest and highest of them.
         const detail::tile_query_positions position{
             p.query_positions ? p.query_positions + first_token : nullptr, first_position};
-        int lowest = position(0), last_position = position(tokens - 1);
+        int lowest = position(0), last_position = position(tokens - 1);  // consecutive: the ends
         if (p.query_positions)
-            for (int t = 1; t < tokens; ++t) {
+            for (int t = 0; t < tokens; ++t) {
                 const int q = position(t);
                 lowest = q < lowest ? q : lowest;
                 last_position = q > last_position ? q : last_position;

@@ -24,7 +24,7 @@ TEST_CASE("cpu backend passes the backend suite: sliding-window layout") {
     check_layout<sliding_window_factory, float>(cpu_backend{}, "cpu");
     check_layout<sliding_window_factory, half>(cpu_backend{}, "cpu");
 }
-TEST_CASE("cpu backend passes the backend suite: odd shapes, merge, empty sequences, splits, cascade") {
+TEST_CASE("cpu backend passes the backend suite: odd shapes, merge, empty sequences, splits, cascade, window mask") {
     const cpu_backend cpu;
     check_odd_shapes(cpu, "cpu");
     check_attention<paged_factory, half, head_config<7, 1, 56>>(cpu, "cpu");
@@ -33,6 +33,7 @@ TEST_CASE("cpu backend passes the backend suite: odd shapes, merge, empty sequen
     check_split_counts(cpu, "cpu");
     check_cascade<float>(cpu, "cpu");
     check_cascade<half>(cpu, "cpu");
+    check_window_mask(cpu, "cpu");
 }
 
 TEST_CASE("cpu backend gives the same answer on one thread and on several, split or not") {

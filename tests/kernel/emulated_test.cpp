@@ -59,11 +59,12 @@ TEST_CASE("emulated kernels: odd group sizes, head dim 56, a 128-dim model head,
     for_schedules([](const emulated_backend& backend) { check_odd_shapes(backend, "emulated"); });
 }
 
-TEST_CASE("emulated kernels: merge, split counts, empty sequences, cascade attention over plans") {
+TEST_CASE("emulated kernels: merge, split counts, empty sequences, cascade attention over plans, window mask") {
     for_schedules([](const emulated_backend& backend) {
         check_merge(backend, "emulated");
         check_empty_sequences(backend, "emulated");
         check_cascade<half>(backend, "emulated");
+        check_window_mask(backend, "emulated");
     });
     check_split_counts(emulated_backend{}, "emulated");
     check_cascade<float>(emulated_backend{}, "emulated");

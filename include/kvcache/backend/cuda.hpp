@@ -112,7 +112,7 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         kvcache::detail::check_call_decode(p);
-        cuda::detail::instantiation<Layout, Query>::decode(p.view, p.queries.data(), p.outputs.data(),
+        cuda::detail::instantiation<Layout, Query>::decode(kvcache::detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(),
                                                            p.lse.empty() ? nullptr : p.lse.data(), p.options,
                                                            workspace_, stream_);
     }
@@ -124,7 +124,7 @@ public:
     void prefill(const prefill_params<Layout, Query>& p) const {
         kvcache::detail::check_call_prefill(p, false);
         cuda::detail::instantiation<Layout, Query>::prefill(
-            p.view, p.queries.data(), p.query_offsets.data(),
+            kvcache::detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
             p.lse.empty() ? nullptr : p.lse.data(), p.options, stream_);
     }

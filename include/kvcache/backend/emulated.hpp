@@ -59,7 +59,7 @@ public:
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
         emulated::detail::emulated_launcher launcher{options_};
-        detail::run_decode(launcher, p.view, p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
+        detail::run_decode(launcher, detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
                            p.options);
     }
 
@@ -70,7 +70,7 @@ public:
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
         emulated::detail::emulated_launcher launcher{options_};
-        detail::run_prefill(launcher, p.view, p.queries.data(), p.query_offsets.data(),
+        detail::run_prefill(launcher, detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
                             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
                             p.lse.empty() ? nullptr : p.lse.data(), p.options);
     }

@@ -174,7 +174,7 @@ public:
     reference::attention_result decode_exact(const decode_params<Layout, Query>& p) const {
         using heads = typename Layout::heads;
         detail::check_call_decode(p, false);
-        const Layout& view = p.view;
+        const Layout view = detail::masked(p.view, p.options);
         const int batch = view.sequence_count();
         reference::attention_result result;
         result.outputs.assign(static_cast<std::size_t>(batch) * heads::query_heads * heads::head_dim, 0.0);
@@ -200,7 +200,7 @@ public:
     reference::attention_result prefill_exact(const prefill_params<Layout, Query>& p) const {
         using heads = typename Layout::heads;
         detail::check_call_prefill(p, true, false);
-        const Layout& view = p.view;
+        const Layout view = detail::masked(p.view, p.options);
         const int batch = view.sequence_count();
         const int total = batch == 0 ? 0 : p.query_offsets[batch];
         reference::attention_result result;

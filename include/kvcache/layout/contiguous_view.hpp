@@ -36,6 +36,7 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     std::int64_t slot_stride = 0;     ///< elements between slots
     std::int64_t head_stride = 0;     ///< elements between KV heads of a slot
     std::int64_t position_stride = 0; ///< elements between consecutive positions (>= head_dim)
+    attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
     /// Strides of the packed [slot][kv_head][position][head_dim] order for the given capacity.
@@ -69,7 +70,7 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
         return this->rows_from(seq, kv_head, visible_begin, visible_begin, n - visible_begin, stride);
     }
 
-    KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {}; }
+    KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return mask; }
 };
 
 static_assert(is_layout_view_v<contiguous_view<float, head_config<1, 1, 8>>>, "contiguous_view must satisfy the layout interface");

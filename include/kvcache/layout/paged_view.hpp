@@ -49,6 +49,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads>, Element> {
     int page_size = 1;                  ///< tokens per page (>= 1)
     int page_shift = 0;                 ///< log2(page_size) when a power of two, else -1
     std::int64_t page_stride = 0;       ///< elements from one page's key plane to the next (>= kv_heads*page_size*head_dim)
+    attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
     /// A view with page_shift derived and packed pages (page_stride = kv_heads * page_size * head_dim).
@@ -98,7 +99,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads>, Element> {
                                n - visible_begin < to_page_end ? n - visible_begin : to_page_end, Heads::head_dim);
     }
 
-    KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {}; }
+    KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return mask; }
 };
 
 static_assert(is_layout_view_v<paged_view<float, head_config<1, 1, 8>>>, "paged_view must satisfy the layout interface");

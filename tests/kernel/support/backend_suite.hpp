@@ -200,6 +200,66 @@ void check_cascade(const Backend& backend, const std::string& name) {
     CHECK(worst <= 2 * output_tolerance<float>());
 }
 
+/// The mask as a call option over layouts that keep every position: a paged
+/// and a contiguous cache attended with attention_options.window and sinks
+/// equal the reference over a layout whose own visibility is that window
+/// (the scatter layout keeping every row), holding the same rows. A sliding
+/// window cache refuses options naming another window than its own.
+/// @tparam Backend a backend object
+template <class Backend>
+void check_window_mask(const Backend& backend, const std::string& name) {
+    using namespace kvcache;
+    using heads = head_config<8, 2, 32>;
+    const std::vector<int> lengths = {150, 61};
+    const int window = 40, sinks = 3;
+    scatter_cache<half, heads> oracle(lengths, window, sinks, 8, 5, /*drop_outside_window=*/false);
+    fill_cache(oracle.view(), 7);
+    const context_case everything{"all", lengths, 0, 0, 16, {30, 61}, {}};
+    const auto paged = paged_factory::make<half, heads>(everything, 9);
+    const auto contiguous = contiguous_factory::make<half, heads>(everything, 9);
+    fill_cache(paged->view(), 7);
+    fill_cache(contiguous->view(), 7);
+    const reference_backend reference;
+    const auto queries = random_rows<half>(std::size_t(91) * heads::query_heads * heads::head_dim, 3.0f, 11);
+    const std::vector<int> offsets = {0, 30, 91};
+    auto check = [&](const auto& view, const char* layout) {
+        INFO(name << " " << layout << " cache with a window mask of " << window << " and " << sinks << " sinks");
+        std::vector<half> outputs(queries.size());
+        std::vector<float> lse(91 * heads::query_heads);
+        prefill_params call(view, queries, offsets, outputs);
+        call.lse = lse;
+        call.options.window = window;
+        call.options.sinks = sinks;
+        backend.prefill(call);
+        compare(outputs, lse, reference.prefill_exact(prefill_params(oracle.view(), queries, offsets, outputs)),
+                "prefill");
+        const std::vector<half> decode_queries(queries.begin(), queries.begin() + 2 * heads::query_heads * heads::head_dim);
+        std::vector<half> decode_outputs(decode_queries.size());
+        std::vector<float> decode_lse(2 * heads::query_heads);
+        decode_params decode(view, decode_queries, decode_outputs);
+        decode.lse = decode_lse;
+        decode.options.window = window;
+        decode.options.sinks = sinks;
+        decode.options.kv_splits = 3;
+        backend.decode(decode);
+        compare(decode_outputs, decode_lse,
+                reference.decode_exact(decode_params(oracle.view(), decode_queries, decode_outputs)), "decode");
+    };
+    check(paged->view(), "paged");
+    check(contiguous->view(), "contiguous");
+
+    const context_case windowed{"windowed", lengths, window, sinks, 16, {1, 1}, {}};
+    const auto ring = sliding_window_factory::make<half, heads>(windowed, 3);
+    std::vector<half> outputs(2 * heads::query_heads * heads::head_dim);
+    const std::vector<half> ring_queries(outputs.size());
+    decode_params own(ring->view(), ring_queries, outputs);
+    own.options.window = window;
+    own.options.sinks = sinks;
+    CHECK_NOTHROW(backend.decode(own));  // the same window: accepted
+    own.options.window = window + 1;
+    CHECK_THROWS_AS(backend.decode(own), kvcache::error);
+}
+
 /// Everything above, for a backend fast enough to run the whole matrix.
 /// @tparam Backend a backend object
 template <class Backend>
@@ -219,6 +279,7 @@ void run_backend_suite(const Backend& backend, const std::string& name) {
     check_split_counts(backend, name);
     check_cascade<float>(backend, name);
     check_cascade<half>(backend, name);
+    check_window_mask(backend, name);
 }
 
 }  // namespace kvcache_test

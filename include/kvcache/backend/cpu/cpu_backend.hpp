@@ -33,7 +33,7 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
-        cpu::detail::decode(p.view, p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
+        cpu::detail::decode(detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
                             p.options);
     }
 
@@ -44,7 +44,7 @@ public:
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
         if (p.view.sequence_count() == 0) return;
-        cpu::detail::prefill(p.view, p.queries.data(), p.query_offsets.data(),
+        cpu::detail::prefill(detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
                              p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
                              p.lse.empty() ? nullptr : p.lse.data(), p.options);
     }

@@ -17,6 +17,7 @@
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/span.hpp"
 #include "kvcache/kernels/attention_options.hpp"
+#include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache {
 namespace detail {
@@ -56,6 +57,37 @@ inline void check_options(const attention_options& options) {
             options.softmax_scale, " is not finite (0 means 1/sqrt(head_dim))");
     require(std::isfinite(options.logits_soft_cap) && options.logits_soft_cap >= 0.0f, error_code::invalid_argument,
             "attention_options.logits_soft_cap = ", options.logits_soft_cap, " must be finite and >= 0 (0 is off)");
+    require(options.window >= 0, error_code::invalid_argument, "attention_options.window = ", options.window,
+            " is negative (0 is no window)");
+    require(options.sinks >= 0, error_code::invalid_argument, "attention_options.sinks = ", options.sinks,
+            " is negative");
+    require(options.window > 0 || options.sinks == 0, error_code::invalid_argument, "attention_options.sinks = ",
+            options.sinks, " needs a window (attention_options.window is 0)");
+}
+
+template <class Layout, class = void>
+struct has_mask : std::false_type {};
+template <class Layout>
+struct has_mask<Layout, std::void_t<decltype(std::declval<Layout&>().mask)>> : std::true_type {};
+
+/// The view a call attends over: the options' window and sinks set as its
+/// mask (contiguous and paged views), or checked against the window the
+/// layout applies itself (a sliding-window cache), which must be the same.
+/// @tparam Layout a layout view
+template <class Layout>
+Layout masked(const Layout& view, const attention_options& options) {
+    if (options.window == 0) return view;
+    if constexpr (has_mask<Layout>::value) {
+        Layout masked_view = view;
+        masked_view.mask = attention_visibility{options.window, options.sinks};
+        return masked_view;
+    } else {
+        const attention_visibility own = view.visibility();
+        require(own.window == options.window && own.sinks == options.sinks, error_code::invalid_argument,
+                "attention_options.window = ", options.window, " and sinks = ", options.sinks, " differ from the ",
+                to_string(Layout::kind), " layout's own window ", own.window, " and sinks ", own.sinks);
+        return view;
+    }
 }
 
 template <class Layout, class = void>

@@ -91,8 +91,9 @@ void run_decode_bandwidth(const options& opts, report& out) {
                         const std::size_t q_elements = std::size_t(batch) * bench_heads::query_heads * bench_heads::head_dim;
                         const std::vector<float> queries = random_floats(q_elements, 7);
                         std::vector<float> outputs(q_elements);
+                        const cpu_backend cpu;
                         const timing t =
-                            measure_for([&] { cpu::decode_attention(view, queries, outputs); },
+                            measure_for([&] { cpu.decode(decode_params(view, queries, outputs)); },
                                         opts.warmup(), opts.repeats(), opts.min_seconds());
                         const std::size_t bytes = filled.kv_bytes() + 2 * q_elements * sizeof(float);
                         const double gbps = double(bytes) / t.median / 1e9;

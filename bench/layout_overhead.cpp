@@ -30,11 +30,12 @@ void compare_layouts(const options& opts, report& out, int batch, int context) {
     const std::size_t q_elements = std::size_t(batch) * bench_heads::query_heads * bench_heads::head_dim;
     const std::vector<float> queries = random_floats(q_elements, 11);
     std::vector<float> outputs(q_elements);
+    const cpu_backend cpu;
 
-    auto time_contiguous = [&] { return seconds_of([&] { cpu::decode_attention(contiguous_view, queries, outputs); }); };
-    auto time_paged = [&] { return seconds_of([&] { cpu::decode_attention(paged_view, queries, outputs); }); };
-    auto time_paged_64 = [&] { return seconds_of([&] { cpu::decode_attention(paged_64_view, queries, outputs); }); };
-    auto time_sliding = [&] { return seconds_of([&] { cpu::decode_attention(sliding_view, queries, outputs); }); };
+    auto time_contiguous = [&] { return seconds_of([&] { cpu.decode(decode_params(contiguous_view, queries, outputs)); }); };
+    auto time_paged = [&] { return seconds_of([&] { cpu.decode(decode_params(paged_view, queries, outputs)); }); };
+    auto time_paged_64 = [&] { return seconds_of([&] { cpu.decode(decode_params(paged_64_view, queries, outputs)); }); };
+    auto time_sliding = [&] { return seconds_of([&] { cpu.decode(decode_params(sliding_view, queries, outputs)); }); };
     for (int i = 0; i < opts.warmup(); ++i) time_contiguous(), time_paged(), time_paged_64(), time_sliding();
     // At least repeats() rounds, more until min_seconds of each layout were timed.
     const int least_rounds = opts.repeats() + (opts.quick ? 0 : 6);

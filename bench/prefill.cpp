@@ -1,6 +1,6 @@
-// prefill: append attention (cpu::append of the chunk's K/V, then
-// cpu::prefill_attention over prefix + chunk) by chunk size, after a prefix
-// already in a paged cache: tokens/s and GFLOP/s of the attention.
+// prefill: append attention (a plan of the chunk, cpu_backend::append of its
+// K/V, then cpu_backend::prefill over prefix + chunk) by chunk size, after a
+// prefix already in a paged cache: tokens/s and GFLOP/s of the attention.
 #include <cstdio>
 #include <vector>
 
@@ -27,13 +27,14 @@ void prefill_chunks(const options& opts, report& out, int prefix, const std::vec
         const std::vector<float> queries = random_floats(chunk * q_row, 3);
         const std::vector<float> keys = random_floats(chunk * kv_row, 4), values = random_floats(chunk * kv_row, 5);
         std::vector<float> outputs(chunk * q_row);
-        const int offsets[2] = {0, chunk};
+        const cpu_backend cpu;
+        step_plan<paged_cache<Element, heads>> plan;
         auto step = [&] {
             cache.truncate(id, prefix);
-            cache.begin_append(id, chunk);
-            const auto view = cache.view(0, filled.batch);
-            cpu::append(view, keys, values, offsets);
-            cpu::prefill_attention(view, queries, offsets, outputs);
+            cache.replan(plan, filled.batch, {chunk});  // reuses the plan's buffers
+            const auto view = plan.view(0);
+            cpu.append(append_params(view, keys, values, plan.new_token_offsets()));
+            cpu.prefill(prefill_params(view, queries, plan.new_token_offsets(), outputs));
         };
         const timing t = measure_for(step, opts.warmup(), opts.repeats(), opts.min_seconds());
         // Causal: chunk token i sees prefix + i + 1 keys; QK^T and PV cost

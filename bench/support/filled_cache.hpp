@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
+#include "kvcache/cache/step_plan.hpp"
 #include "kvcache/core/element.hpp"
 
 namespace kvcache::bench {
@@ -42,9 +44,12 @@ struct filled_cache {
     std::unique_ptr<Cache> cache;
     std::vector<sequence_id> batch;
     int visible = 0;
+    /// Attend-only plan of the batch (no new tokens), made once filled; its type is
+    /// what cache.plan() returns (the contiguous_cache base's plan for static_cache).
+    decltype(std::declval<Cache&>().plan(std::vector<sequence_id>{})) plan;
 
-    /// The view of layer 0 over the batch (valid until the cache changes).
-    typename Cache::view_type view() { return cache->view(0, batch); }
+    /// The view of layer 0 over the batch: the plan's, so views of several filled caches coexist.
+    typename Cache::view_type view() const { return plan.view(0); }
     /// Bytes of K and V a decode step over the batch reads.
     std::size_t kv_bytes() const {
         return std::size_t(batch.size()) * std::size_t(visible) * 2 * Cache::heads::kv_heads * Cache::heads::head_dim *
@@ -93,6 +98,7 @@ filled_cache<static_cache<Element, bench_heads>> make_contiguous(int batch, int 
     }
     out.visible = context;
     detail::write_present_rows(*out.cache, out.batch, context);
+    out.plan = out.cache->plan(out.batch);
     return out;
 }
 
@@ -109,6 +115,7 @@ filled_cache<paged_cache<Element, bench_heads>> make_paged(int batch, int contex
         for (sequence_id id : out.batch) out.cache->begin_append(id, std::min(page_size, context - first));
     out.visible = context;
     detail::write_present_rows(*out.cache, out.batch, context);
+    out.plan = out.cache->plan(out.batch);
     return out;
 }
 
@@ -128,6 +135,7 @@ filled_cache<sliding_window_cache<Element, bench_heads>> make_sliding_window(int
     }
     out.visible = visible;
     detail::write_present_rows(*out.cache, out.batch, bench_sinks + out.cache->ring());
+    out.plan = out.cache->plan(out.batch);
     return out;
 }
 

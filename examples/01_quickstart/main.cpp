@@ -31,21 +31,22 @@ int quickstart(int tokens, int page_size, unsigned seed) {
     const std::vector<float> keys = fill(tokens * kv_row), values = fill(tokens * kv_row);
     const std::vector<float> query = fill(q_row), new_key = fill(kv_row), new_value = fill(kv_row);
 
-    // Prefill: reserve the prompt's positions, then write its rows through a view of layer 0.
-    cache.begin_append(sequence, tokens);
-    const int prompt_offsets[2] = {0, tokens};  // CSR: sequence 0 appends tokens [0, tokens)
-    kvcache::cpu::append(cache.view(0, {sequence}), keys, values, prompt_offsets);
+    // Prefill: a plan reserves the prompt's positions (every layer) and owns the step's
+    // tables; the CPU backend writes the rows through the plan's view of layer 0.
+    const kvcache::cpu_backend cpu;
+    const auto prompt = cache.plan({sequence}, {tokens});
+    cpu.append(kvcache::append_params(prompt.view(0), keys, values, prompt.new_token_offsets()));
 
-    // Decode: append the new token's K/V, then its query attends to all tokens + 1 positions.
-    cache.begin_append(sequence, 1);
-    const auto view = cache.view(0, {sequence});
-    const int one_token[2] = {0, 1};
-    kvcache::cpu::append(view, new_key, new_value, one_token);
+    // Decode: a plan of one new token; append its K/V, then its query attends to all tokens + 1 positions.
+    const auto step = cache.plan({sequence}, {1});
+    const auto view = step.view(0);
+    cpu.append(kvcache::append_params(view, new_key, new_value, step.new_token_offsets()));
     std::vector<float> output(q_row);
-    kvcache::cpu::decode_attention(view, query, output);
+    const kvcache::decode_params decode(view, query, output);
+    cpu.decode(decode);
 
     // The same attention in double precision, straight from the layout interface.
-    const auto exact = kvcache::reference::decode_attention_exact(view, query);
+    const auto exact = kvcache::reference_backend{}.decode_exact(decode);
     double max_difference = 0;
     for (std::size_t i = 0; i < output.size(); ++i)
         max_difference = std::max(max_difference, std::fabs(output[i] - exact.outputs[i]));

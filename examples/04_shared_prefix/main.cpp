@@ -3,8 +3,14 @@
 // that shares its pages by reference count; the first write of a request
 // into the shared, partly filled last page copies that one page (copy on
 // write). The same requests in an unshared cache give the memory to compare
-// with and the attention outputs the shared ones must equal.
+// with and the attention outputs the shared ones must equal. Then cascade
+// attention: the batch's decode queries attend to the shared prompt once
+// (one prefill call over the prompt sequence, the queries placed past its
+// end) and to each request's own suffix separately, merged per query row;
+// it must equal per-request attention over prompt + suffix, and its K/V
+// bytes and wall time are compared with it.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -15,8 +21,10 @@
 #include "common/arguments.hpp"
 #include "common/model_weights.hpp"
 #include "common/run_main.hpp"
+#include "common/timing.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/cache/paged_cache.hpp"
+#include "kvcache/cache/step_plan.hpp"
 
 namespace ex = kvcache::examples;
 
@@ -38,6 +46,15 @@ are run in a cache without sharing. Prints reference counts, the copies, the
 memory used with and without sharing, and checks that every attention output
 equals the unshared one.
 
+Then cascade attention over the forked requests: one decode query each (every
+layer), attended to the system prompt once for the whole batch (one prefill
+call over the root sequence, the queries at positions past its end, lse on)
+and to each request's own rows (its question and decode tokens, in a suffix
+sequence of their own; a batched decode, lse on), merged two states per
+query row. Checks it equals per-request decode attention over the forks
+(prompt + suffix each) within 1e-5 and prints the K/V bytes each reads and
+the wall time of both (median, min and max of interleaved repetitions).
+
 options:
   --requests N    requests sharing the prompt (default 8)
   --system N      system prompt tokens (default 1000)
@@ -48,11 +65,12 @@ options:
   --dtype TYPE    fp32 | fp16: the cache's element type (default fp32)
   --threads N     CPU threads (default: all cores)
   --seed N        seed of the keys, values and queries (default 1)
+  --repeats N     timed repetitions of each cascade measurement (default 21)
   --help          this text
 )";
 
 struct settings {
-    int requests = 8, system = 1000, question = 24, decode = 8, page_size = 16, layers = 4, seed = 1;
+    int requests = 8, system = 1000, question = 24, decode = 8, page_size = 16, layers = 4, seed = 1, repeats = 21;
 };
 
 /// All K/V and queries of the run, made once so both caches get the same numbers.
@@ -93,33 +111,34 @@ struct outputs {
     std::vector<std::vector<float>> values;
 };
 
-/// Runs the requests' questions (batched prefill) and decode steps (batched decode).
-/// `reserved(r)` runs after request r's question positions are reserved (where copy on write happens).
+/// Runs the requests' questions (batched prefill) and decode steps (batched decode), each
+/// step one plan: it reserves every request's new positions (all layers) and its tables serve
+/// every layer. `planned()` runs once the questions' plan is made (where copy on write happens).
 template <class Cache, class Hook>
 outputs run_requests(Cache& cache, const std::vector<kvcache::sequence_id>& requests, const workload& w,
-                     const settings& s, Hook&& reserved) {
+                     const settings& s, Hook&& planned) {
+    const kvcache::cpu_backend cpu;
     outputs out;
-    for (std::size_t r = 0; r < requests.size(); ++r) {
-        cache.begin_append(requests[r], w.question_offsets[r + 1] - w.question_offsets[r]);
-        reserved(r);
-    }
+    std::vector<int> question_tokens;
+    for (std::size_t r = 0; r < requests.size(); ++r)
+        question_tokens.push_back(w.question_offsets[r + 1] - w.question_offsets[r]);
+    auto plan = cache.plan(requests, question_tokens);  // its new-token offsets are w.question_offsets
+    planned();
     for (int l = 0; l < s.layers; ++l) {
-        const auto view = cache.view(l, requests);
-        kvcache::cpu::append(view, w.question_keys[l], w.question_values[l], w.question_offsets);
+        const auto view = plan.view(l);
+        cpu.append(kvcache::append_params(view, w.question_keys[l], w.question_values[l], plan.new_token_offsets()));
         out.values.emplace_back(w.question_queries[l].size());
-        kvcache::cpu::prefill_attention(view, w.question_queries[l], w.question_offsets,
-                                        out.values.back());
+        cpu.prefill(kvcache::prefill_params(view, w.question_queries[l], plan.new_token_offsets(), out.values.back()));
     }
-    std::vector<int> one_each(requests.size() + 1);
-    for (std::size_t i = 0; i < one_each.size(); ++i) one_each[i] = static_cast<int>(i);
+    const std::vector<int> one_each(requests.size(), 1);
     for (int step = 0; step < s.decode; ++step) {
-        for (auto id : requests) cache.begin_append(id, 1);
+        cache.replan(plan, requests, one_each);  // the same plan's buffers, step after step
         for (int l = 0; l < s.layers; ++l) {
             const std::size_t i = std::size_t(step) * s.layers + l;
-            const auto view = cache.view(l, requests);
-            kvcache::cpu::append(view, w.step_keys[i], w.step_values[i], one_each);
+            const auto view = plan.view(l);
+            cpu.append(kvcache::append_params(view, w.step_keys[i], w.step_values[i], plan.new_token_offsets()));
             out.values.emplace_back(w.step_queries[i].size());
-            kvcache::cpu::decode_attention(view, w.step_queries[i], out.values.back());
+            cpu.decode(kvcache::decode_params(view, w.step_queries[i], out.values.back()));
         }
     }
     return out;
@@ -128,10 +147,143 @@ outputs run_requests(Cache& cache, const std::vector<kvcache::sequence_id>& requ
 /// Writes the system prompt's K/V of every layer into sequence id.
 template <class Cache>
 void write_system_prompt(Cache& cache, kvcache::sequence_id id, const workload& w, const settings& s) {
-    cache.begin_append(id, s.system);
-    const int offsets[2] = {0, s.system};
+    const kvcache::cpu_backend cpu;
+    const auto plan = cache.plan({id}, {s.system});
     for (int l = 0; l < s.layers; ++l)
-        kvcache::cpu::append(cache.view(l, {id}), w.system_keys[l], w.system_values[l], offsets);
+        cpu.append(kvcache::append_params(plan.view(l), w.system_keys[l], w.system_values[l], plan.new_token_offsets()));
+}
+
+/// Median, min and max of timed repetitions, in seconds.
+struct timing {
+    double median = 0, min = 0, max = 0;
+};
+timing summarise(std::vector<double> times) {
+    std::sort(times.begin(), times.end());
+    const std::size_t n = times.size();
+    return {n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]), times.front(), times.back()};
+}
+
+/// Largest difference cascade attention may have from per-request attention: the outputs
+/// are convex combinations of values in [-1, 1], and the two differ only in float rounding.
+constexpr double cascade_tolerance = 1e-5;
+
+/// Cascade attention for one decode query per request over the forked requests, checked
+/// against per-request attention over the forks and measured against it. Returns true when
+/// within cascade_tolerance.
+template <class Cache>
+bool cascade(Cache& cache, kvcache::sequence_id root, const std::vector<kvcache::sequence_id>& forks,
+             const settings& s) {
+    using element = typename Cache::element_type;
+    const kvcache::cpu_backend cpu;
+    const int R = static_cast<int>(forks.size()), rows = R * heads::query_heads;
+    const int prefix = cache.length(root);
+
+    // Each request's suffix (its own rows past the prompt) in a sequence of its own, so a view
+    // presents it alone: read back from the fork, written through a plan of a second cache.
+    std::vector<int> suffix_lengths;
+    int suffix_pages = 0;
+    for (auto id : forks) {
+        suffix_lengths.push_back(cache.length(id) - prefix);
+        suffix_pages += (suffix_lengths.back() + s.page_size - 1) / s.page_size;
+    }
+    Cache suffix_cache(s.layers, suffix_pages, s.page_size, /*prefix_caching=*/false);
+    std::vector<kvcache::sequence_id> suffixes;
+    for (int r = 0; r < R; ++r) suffixes.push_back(suffix_cache.add_sequence());
+    {
+        const auto fill = suffix_cache.plan(suffixes, suffix_lengths);
+        const int total = fill.total_new_tokens();
+        std::vector<element> keys(std::size_t(total) * kv_row), values(keys.size());
+        for (int l = 0; l < s.layers; ++l) {
+            for (int r = 0; r < R; ++r) {
+                const std::size_t at = std::size_t(fill.host_offsets()[r]) * kv_row, n = std::size_t(suffix_lengths[r]) * kv_row;
+                cache.read(forks[r], l, prefix, suffix_lengths[r], kvcache::span<element>(keys.data() + at, n),
+                           kvcache::span<element>(values.data() + at, n));
+            }
+            cpu.append(kvcache::append_params(fill.view(l), keys, values, fill.new_token_offsets()));
+        }
+    }
+
+    // One decode query per request and layer, and three plans side by side: the forks
+    // (per-request attention), the prompt alone and the suffixes (cascade).
+    ex::seeded_random random(static_cast<std::uint64_t>(s.seed) * 7919u + 3u);
+    std::vector<std::vector<float>> queries(s.layers, std::vector<float>(std::size_t(rows) * heads::head_dim));
+    for (auto& q : queries)
+        for (auto& x : q) x = random.uniform();
+    const auto per_request = cache.plan(forks);         // attend only: nothing reserved
+    const auto prompt = cache.plan({root});
+    const auto own = suffix_cache.plan(suffixes);
+    const std::vector<int> prompt_offsets{0, R};          // the one prompt sequence has R query tokens
+    const std::vector<int> past_prompt(R, prefix);        // each query sees the whole prompt
+    std::vector<std::vector<float>> plain(s.layers, std::vector<float>(queries[0].size()));
+    std::vector<std::vector<float>> merged = plain;
+    std::vector<float> states(2 * queries[0].size()), lse(2 * std::size_t(rows));  // [prompt | suffix]
+    const std::size_t half_states = queries[0].size();
+
+    auto run_per_request = [&] {
+        for (int l = 0; l < s.layers; ++l) cpu.decode(kvcache::decode_params(per_request.view(l), queries[l], plain[l]));
+    };
+    auto run_cascade = [&] {
+        for (int l = 0; l < s.layers; ++l) {
+            kvcache::prefill_params shared_part(prompt.view(l), queries[l], prompt_offsets,
+                                                kvcache::span<float>(states.data(), half_states));
+            shared_part.lse = kvcache::span<float>(lse.data(), rows);
+            shared_part.query_positions = past_prompt;
+            cpu.prefill(shared_part);
+            kvcache::decode_params own_part(own.view(l), queries[l], kvcache::span<float>(states.data() + half_states, half_states));
+            own_part.lse = kvcache::span<float>(lse.data() + rows, rows);
+            cpu.decode(own_part);
+            cpu.merge(kvcache::merge_params(2, rows, heads::head_dim, states, lse, merged[l]));
+        }
+    };
+    auto seconds_of = [](auto&& f) {
+        const auto start = std::chrono::steady_clock::now();
+        f();
+        return ex::seconds_since(start);
+    };
+    run_per_request();
+    run_cascade();
+    double max_difference = 0;
+    for (int l = 0; l < s.layers; ++l)
+        for (std::size_t i = 0; i < plain[l].size(); ++i)
+            max_difference = std::max(max_difference, double(std::fabs(plain[l][i] - merged[l][i])));
+    std::vector<double> plain_times, cascade_times;
+    for (int i = 0; i < s.repeats; ++i) {  // interleaved, so drifts of the machine hit both alike
+        plain_times.push_back(seconds_of(run_per_request));
+        cascade_times.push_back(seconds_of(run_cascade));
+    }
+    const timing tp = summarise(plain_times), tc = summarise(cascade_times);
+
+    // K/V bytes read, counted from the lengths: per-request attention streams prompt + suffix
+    // of every request; the CPU prefill streams a KV head's rows once per block of
+    // prefill_block_tokens query tokens, so the prompt is read once per block of the batch's queries.
+    const double row_bytes = 2.0 * heads::kv_heads * heads::head_dim * sizeof(element);  // K and V
+    long suffix_total = 0;
+    for (int n : suffix_lengths) suffix_total += n;
+    const int block = kvcache::cpu::detail::prefill_block_tokens;
+    const int blocks = (R + block - 1) / block;
+    const double plain_bytes = s.layers * row_bytes * (double(R) * prefix + suffix_total);
+    const double cascade_bytes = s.layers * row_bytes * (double(blocks) * prefix + suffix_total);
+    const auto [shortest, longest] = std::minmax_element(suffix_lengths.begin(), suffix_lengths.end());
+
+    std::printf("\ncascade attention: a decode query per request, %d requests, prompt %d tokens, suffixes %d..%d, "
+                "%d layers, cpu backend, %d threads\n",
+                R, prefix, *shortest, *longest, s.layers, cpu.threads());
+    std::printf("  %-12s | %14s | %14s | %s\n", "", "per-request", "cascade", "cascade / per-request");
+    std::printf("  %-12s | %14.0f | %14.0f | %.3f (the prompt read once per %d-query block: %d block%s)\n",
+                "K/V bytes", plain_bytes, cascade_bytes, cascade_bytes / plain_bytes, block, blocks,
+                blocks == 1 ? "" : "s");
+    std::printf("  %-12s | %14.4f | %14.4f | %.3f (median of %d interleaved runs)\n", "ms median", tp.median * 1e3,
+                tc.median * 1e3, tc.median / tp.median, s.repeats);
+    auto range = [](const timing& t) {
+        char text[64];
+        std::snprintf(text, sizeof text, "%.3f..%.3f", t.min * 1e3, t.max * 1e3);
+        return std::string(text);
+    };
+    std::printf("  %-12s | %14s | %14s |\n", "ms min..max", range(tp).c_str(), range(tc).c_str());
+    const bool equal = max_difference <= cascade_tolerance;
+    std::printf("cascade equals per-request attention (max |difference| %.2e, tolerance %.0e): %s\n", max_difference,
+                cascade_tolerance, equal ? "yes" : "no");
+    return equal;
 }
 
 std::string describe_pages(const std::vector<int>& pages) {
@@ -179,27 +331,28 @@ int run(const settings& s) {
     std::printf("pages shared by reference count: %s\n", shared_by_count ? "yes" : "no");
     const std::size_t used_after_fork = shared.bytes_used();
 
-    // Copy on write, watched on request 0: reserving its question's positions writes into the
-    // shared, partly filled last page, so that one page is copied first.
+    // Copy on write, watched on request 0: the questions' plan reserves their positions, and
+    // a request's first write into the shared, partly filled last page copies that page.
     const std::vector<int> before = shared.pages(forks[0]);
     std::vector<int> after;
-    std::uint64_t first_copies = 0;
-    const outputs with_sharing = run_requests(shared, forks, w, s, [&](std::size_t r) {
-        if (r != 0) return;
+    const outputs with_sharing = run_requests(shared, forks, w, s, [&] {
         after = shared.pages(forks[0]);
-        first_copies = shared.statistics().copies;
+        const std::uint64_t copies = shared.statistics().copies;
         if (partial)
-            std::printf("request 0 diverges: copy on write copied %llu page (page %d -> %d, its %d prompt rows "
-                        "carried over); pages %d..%d stay shared (%d references), the root's page %d now has %d\n",
-                        static_cast<unsigned long long>(first_copies), before.back(), after[system_pages - 1],
-                        s.system % P, before.front(), before[std::max(0, full_system_pages - 1)],
+            std::printf("the questions' plan diverges every request: %llu pages copied on write; request 0's page %d "
+                        "-> %d (its %d prompt rows carried over); pages %d..%d stay shared (%d references), the "
+                        "root's page %d now has %d\n",
+                        static_cast<unsigned long long>(copies), before.back(), after[system_pages - 1], s.system % P,
+                        before.front(), before[std::max(0, full_system_pages - 1)],
                         shared.page_references(before.front()), before.back(), shared.page_references(before.back()));
         else
-            std::printf("request 0 diverges: the prompt ends on a page boundary, so it takes fresh pages and "
-                        "copies %llu\n", static_cast<unsigned long long>(first_copies));
+            std::printf("the questions' plan diverges every request: the prompt ends on a page boundary, so they "
+                        "take fresh pages and copy %llu\n", static_cast<unsigned long long>(copies));
     });
+    int request_0_copied = 0;  // of its prompt pages, those replaced by a private copy
+    for (int i = 0; i < system_pages; ++i) request_0_copied += before[i] != after[i] ? 1 : 0;
     const bool kept_full_pages = std::equal(before.begin(), before.begin() + full_system_pages, after.begin());
-    const bool one_copy = first_copies == (partial ? 1u : 0u) && kept_full_pages;
+    const bool one_copy = request_0_copied == (partial ? 1 : 0) && kept_full_pages;
     std::printf("copy on write copied exactly %s page%s: %s\n", partial ? "one" : "no", partial ? "" : "s",
                 one_copy ? "yes" : "no");
     const std::uint64_t total_copies = shared.statistics().copies;
@@ -212,7 +365,7 @@ int run(const settings& s) {
         write_system_prompt(unshared, alone.back(), w, s);
     }
     const std::size_t unshared_after_prompt = unshared.bytes_used();
-    const outputs without_sharing = run_requests(unshared, alone, w, s, [](std::size_t) {});
+    const outputs without_sharing = run_requests(unshared, alone, w, s, [] {});
 
     double max_difference = 0;
     for (std::size_t i = 0; i < with_sharing.values.size(); ++i)
@@ -242,7 +395,8 @@ int run(const settings& s) {
     const bool equal = max_difference == 0.0;
     std::printf("attention outputs (%zu calls) identical to the unshared sequences: %s (max difference %.3g)\n",
                 with_sharing.values.size(), equal ? "yes" : "no", max_difference);
-    return shared_by_count && one_copy && pages_as_expected && copies_ok && equal ? 0 : 1;
+    const bool cascade_equal = cascade(shared, root, forks, s);
+    return shared_by_count && one_copy && pages_as_expected && copies_ok && equal && cascade_equal ? 0 : 1;
 }
 
 }  // namespace
@@ -251,7 +405,7 @@ int main(int argc, char** argv) {
     return ex::run_main("04_shared_prefix", [&]() -> int {
         ex::arguments args(argc, argv, {"--help"},
                            {"--requests", "--system", "--question", "--decode", "--page-size", "--layers", "--dtype",
-                            "--threads", "--seed"});
+                            "--threads", "--seed", "--repeats"});
         if (args.has("--help")) {
             std::cout << usage;
             return 0;
@@ -264,6 +418,7 @@ int main(int argc, char** argv) {
         s.page_size = args.integer("--page-size", 16, 1, 1 << 16);
         s.layers = args.integer("--layers", 4, 1, 256);
         s.seed = args.integer("--seed", 1, 0, 1 << 30);
+        s.repeats = args.integer("--repeats", 21, 1, 100000);
         const kvcache::element_kind element = args.element("--dtype", kvcache::element_kind::fp32);
         kvcache::cpu::set_thread_count(args.integer("--threads", 0, 0, 1024));
         return element == kvcache::element_kind::fp16 ? run<kvcache::half>(s) : run<float>(s);

@@ -1,7 +1,7 @@
 // The cached attention path on the GPU: device_attention (device_attention.hpp)
 // with the owners in device_memory (K/V pools and the views' tables on the
-// device) and a policy that copies with cudaMemcpyAsync and runs
-// kvcache::cuda::append / prefill_attention / decode_attention on one stream.
+// device) and a policy that copies with cudaMemcpyAsync and hands out a
+// cuda_backend on its one stream (append, prefill, decode).
 // Plain C++ over kvcache/backend/cuda.hpp; the kernels are linked from
 // kvcache_example_cuda_kernels (examples/common/CMakeLists.txt).
 #pragma once
@@ -29,9 +29,9 @@ public:
     template <class T>
     using buffer = device_buffer<T>;
 
-    // A blocking stream (not cudaStreamNonBlocking): the owners upload their tables and copy
-    // pages with cudaMemcpy on the legacy default stream, and only a blocking stream's work is
-    // ordered after that.
+    // A blocking stream (not cudaStreamNonBlocking): the plans upload their tables on this
+    // stream, but the owners still copy pages (copy on write) with cudaMemcpy on the legacy
+    // default stream, and only a blocking stream's work is ordered after that.
     cuda_stream_device() { KVCACHE_CUDA_CHECK(cudaStreamCreate(&stream_)); }
     ~cuda_stream_device() {
         (void)cudaStreamSynchronize(stream_);
@@ -52,21 +52,11 @@ public:
         KVCACHE_CUDA_CHECK(cudaMemcpyAsync(host_destination, device_source, count * sizeof(T), cudaMemcpyDeviceToHost,
                                            stream_));
     }
-    template <class View, class Element>
-    void append(const View& view, span<const Element> keys, span<const Element> values, span<const int> offsets) {
-        kvcache::cuda::append(view, keys, values, offsets, stream_);
-        KVCACHE_CUDA_CHECK(cudaGetLastError());
-    }
-    template <class View, class Element>
-    void decode(const View& view, span<const Element> queries, span<Element> outputs) {
-        kvcache::cuda::decode_attention(view, queries, outputs, attention_options{}, stream_);
-        KVCACHE_CUDA_CHECK(cudaGetLastError());
-    }
-    template <class View, class Element>
-    void prefill(const View& view, span<const Element> queries, span<const int> offsets, span<Element> outputs) {
-        kvcache::cuda::prefill_attention(view, queries, offsets, outputs, attention_options{}, stream_);
-        KVCACHE_CUDA_CHECK(cudaGetLastError());
-    }
+    /// The stream the plans upload their tables on and every kernel runs on.
+    cudaStream_t stream() const noexcept { return stream_; }
+    /// The backend object on the stream. Without workspace a split decode allocates
+    /// its partial states on the stream (cudaMallocAsync); fine outside graph capture.
+    cuda_backend backend() const { return cuda_backend{stream_}; }
     /// Waits for the stream; a kernel fault surfaces here.
     void finish() { KVCACHE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
     void wait_quietly() noexcept { (void)cudaStreamSynchronize(stream_); }

@@ -1,10 +1,12 @@
 // The cached attention path of a GPU backend, written once over a device
-// policy: per layer the new tokens' Q/K/V are converted to the cache's
-// element type and uploaded, the backend's append and prefill/decode
-// attention run, and the outputs come back as float. cuda_attention.hpp
-// gives the CUDA policy (device memory, a stream); emulated_device below runs
-// the same steps on kvcache's SIMT emulator over host memory, so a machine
-// without a GPU can check everything but the copies (02_generate --backend emulated).
+// policy: each forward pass is a step plan (its tables uploaded on the
+// device's stream); per layer the new tokens' Q/K/V are converted to the
+// cache's element type and uploaded, the backend object's append and
+// prefill/decode run (append_and_attend, the same steps as the CPU path), and
+// the outputs come back as float. cuda_attention.hpp gives the CUDA policy
+// (device memory, a stream, cuda_backend); emulated_device below runs the same
+// steps on emulated_backend over host memory, so a machine without a GPU can
+// check everything but the copies (02_generate --backend emulated).
 #pragma once
 
 #include <cstddef>
@@ -20,7 +22,8 @@ namespace kvcache::examples {
 
 /// attention_backend over one sequence of a kvcache owner whose memory the Device reaches.
 /// Device provides buffer<T> (zeroed, sized), upload/download(destination, source, count),
-/// append/decode/prefill (the backend's entry points, over spans) and finish() (waits until downloads landed).
+/// stream() (what the plans upload on), backend() (the backend object: every backend has the
+/// same members) and finish() (waits until downloads landed).
 /// @tparam Cache a kvcache owner (static_cache, paged_cache, sliding_window_cache) in Device's memory
 /// @tparam Device the device policy (cuda_stream_device, emulated_device)
 template <class Cache, class Device>
@@ -30,7 +33,7 @@ class device_attention final : public attention_backend {
     static_assert(Cache::memory::space == Device::space, "the owner's memory must be the device's");
 
 public:
-    explicit device_attention(Cache& cache) : cache_(cache), batch_{cache.add_sequence()}, offsets_(2) {}
+    explicit device_attention(Cache& cache) : cache_(cache), batch_{cache.add_sequence()} {}
     // device_ is made before batch_: a device that cannot start leaves no sequence behind.
     ~device_attention() override {
         device_.wait_quietly();  // no kernel may still read the buffers freed after this
@@ -43,9 +46,12 @@ public:
     device_attention& operator=(const device_attention&) = delete;
 
     void begin_tokens(int first_position, int tokens) override {
-        int first = cache_.begin_append(batch_[0], tokens);
-        require(first == first_position, error_code::invalid_argument, "device_attention: the cache is at position ",
-                first, " but the model feeds position ", first_position);
+        const int length = cache_.length(batch_[0]);
+        require(length == first_position, error_code::invalid_argument, "device_attention: the cache is at position ",
+                length, " but the model feeds position ", first_position);
+        // Reuses the plan's device tables: the upload is ordered on the stream after the
+        // previous step's kernels, which finish() waited for anyway.
+        cache_.replan(plan_, batch_, {tokens}, device_.stream());
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
@@ -64,23 +70,13 @@ public:
         element* keys = queries + q_count;
         element* values = keys + kv_count;
         device_.upload(queries, staging_.data(), upload);
-        const int offsets[2] = {0, tokens};  // one sequence: its new tokens are rows [0, tokens) of the arrays
-        device_.upload(offsets_.data(), offsets, 2);
-
-        auto view = cache_.view(layer, batch_);
-        const span<const element> query_rows(queries, q_count);
-        const span<element> output_rows(outputs_.data(), q_count);
-        const span<const int> offsets_rows(offsets_.data(), 2);
-        device_.append(view, span<const element>(keys, kv_count), span<const element>(values, kv_count), offsets_rows);
-        if (tokens == 1)
-            device_.decode(view, query_rows, output_rows);
-        else
-            device_.prefill(view, query_rows, offsets_rows, output_rows);
+        append_and_attend(device_.backend(), plan_, layer, span<const element>(queries, q_count),
+                          span<const element>(keys, kv_count), span<const element>(values, kv_count),
+                          span<element>(outputs_.data(), q_count));
 
         results_.resize(q_count);
         device_.download(results_.data(), outputs_.data(), q_count);
-        // The host needs the outputs now (the next layer's input), and the owner's next
-        // table upload must not overwrite a table a kernel still reads.
+        // The host needs the outputs now (the next layer's input).
         device_.finish();
         for (std::size_t i = 0; i < q_count; ++i) out[i] = to_float(results_[i]);
     }
@@ -92,12 +88,12 @@ private:
     Cache& cache_;
     Device device_;
     std::vector<sequence_id> batch_;
+    plan_of<Cache> plan_;
     std::vector<element> staging_, results_;
     buffer<element> inputs_, outputs_;
-    buffer<int> offsets_;
 };
 
-/// The device policy of the SIMT emulator: host memory, kvcache::emulated's kernels.
+/// The device policy of the SIMT emulator: host memory, emulated_backend.
 struct emulated_device {
     static constexpr memory_space space = memory_space::host;
     /// @tparam T element type
@@ -112,18 +108,8 @@ struct emulated_device {
     void download(T* destination, const T* source, std::size_t count) {
         std::memcpy(destination, source, count * sizeof(T));
     }
-    template <class View, class Element>
-    void append(const View& view, span<const Element> keys, span<const Element> values, span<const int> offsets) {
-        kvcache::emulated::append(view, keys, values, offsets);
-    }
-    template <class View, class Element>
-    void decode(const View& view, span<const Element> queries, span<Element> outputs) {
-        kvcache::emulated::decode_attention(view, queries, outputs);
-    }
-    template <class View, class Element>
-    void prefill(const View& view, span<const Element> queries, span<const int> offsets, span<Element> outputs) {
-        kvcache::emulated::prefill_attention(view, queries, offsets, outputs);
-    }
+    host_memory::stream_type stream() const noexcept { return {}; }
+    emulated_backend backend() const { return emulated_backend{}; }
     void finish() {}
     void wait_quietly() noexcept {}
 };

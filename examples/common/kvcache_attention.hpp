@@ -1,8 +1,11 @@
 // The cached attention path: the model's K/V go into a kvcache owner
-// (contiguous, paged or sliding window) through cpu::append, and attention
-// reads them back with cpu::prefill_attention / cpu::decode_attention. Layers
-// the model itself windows (Mistral; some Qwen2 layers) go into a separate
-// sliding-window owner holding only the window.
+// (contiguous, paged or sliding window) and attention reads them back, on a
+// backend object (cpu_backend here; device_attention.hpp runs the emulated
+// and CUDA backends through the same steps). Each forward pass is one step
+// plan: begin_tokens plans the new tokens (reserving them in every layer),
+// and every layer's append and prefill/decode go through the plan's view.
+// Layers the model itself windows (Mistral; some Qwen2 layers) go into a
+// separate sliding-window owner holding only the window.
 #pragma once
 
 #include <algorithm>
@@ -18,57 +21,85 @@
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
+#include "kvcache/cache/step_plan.hpp"
 #include "kvcache/core/memory.hpp"
 
 namespace kvcache::examples {
 
-/// One layer's attention step of the cached path on the CPU: appends the
-/// tokens' K/V rows through the view, then decodes (one token) or prefills.
-/// @tparam View a layout view in host memory
-template <class View>
-void append_and_attend(const View& view, const float* q, const float* k, const float* v, int tokens, float* out) {
-    using heads = typename View::heads;
-    const std::size_t q_count = std::size_t(tokens) * heads::query_heads * heads::head_dim;
-    const std::size_t kv_count = std::size_t(tokens) * heads::kv_heads * heads::head_dim;
-    const int offsets[2] = {0, tokens};
-    kvcache::cpu::append(view, span<const float>(k, kv_count), span<const float>(v, kv_count), offsets);
-    if (tokens == 1)
-        kvcache::cpu::decode_attention(view, span<const float>(q, q_count), span<float>(out, q_count));
+/// The step plan type of a cache owner: what cache.plan() returns. For
+/// static_cache and dynamic_cache that is the plan of their base
+/// contiguous_cache (step_plan<static_cache<...>> does not build).
+/// @tparam Cache a kvcache owner
+template <class Cache>
+using plan_of = decltype(std::declval<Cache&>().plan(std::vector<sequence_id>{}));
+
+/// One layer's attention step of a plan on any backend object: appends the
+/// plan's new tokens' K/V rows through the layer's view, then decodes (one
+/// new token per sequence) or prefills. Buffers are where the backend reads
+/// them (host for cpu and emulated, device for cuda).
+/// @tparam Backend cpu_backend, emulated_backend or cuda_backend (or reference_backend)
+/// @tparam Plan a step_plan
+/// @tparam Input the rows' element type (float or kvcache::half)
+template <class Backend, class Plan, class Input>
+void append_and_attend(const Backend& backend, const Plan& plan, int layer, span<const Input> queries,
+                       span<const Input> keys, span<const Input> values, span<Input> outputs) {
+    const auto view = plan.view(layer);
+    backend.append(append_params(view, keys, values, plan.new_token_offsets()));
+    bool one_each = true;
+    for (int b = 0; b < plan.size(); ++b) one_each = one_each && plan.new_tokens(b) == 1;
+    if (one_each)
+        backend.decode(decode_params(view, queries, outputs));
     else
-        kvcache::cpu::prefill_attention(view, span<const float>(q, q_count), offsets, span<float>(out, q_count));
+        backend.prefill(prefill_params(view, queries, plan.new_token_offsets(), outputs));
 }
 
-/// attention_backend over one sequence of a kvcache owner.
+/// attention_backend over one sequence of a host-memory kvcache owner on a
+/// host backend object: float rows go in as they are.
 /// @tparam Cache a kvcache owner (static_cache, paged_cache, sliding_window_cache) in host memory
-template <class Cache>
-class kvcache_attention final : public attention_backend {
+/// @tparam Backend cpu_backend (or reference_backend)
+template <class Cache, class Backend>
+class host_attention final : public attention_backend {
+    using heads = typename Cache::heads;
+
 public:
-    explicit kvcache_attention(Cache& cache) : cache_(cache), batch_{cache.add_sequence()} {}
-    ~kvcache_attention() override {
+    explicit host_attention(Cache& cache, Backend backend = {})
+        : cache_(cache), backend_(backend), batch_{cache.add_sequence()} {}
+    ~host_attention() override {
         try {
             cache_.remove_sequence(batch_[0]);
         } catch (...) {  // a destructor must not throw; the cache is going away with the example anyway
         }
     }
-    kvcache_attention(const kvcache_attention&) = delete;
-    kvcache_attention& operator=(const kvcache_attention&) = delete;
+    host_attention(const host_attention&) = delete;
+    host_attention& operator=(const host_attention&) = delete;
 
     void begin_tokens(int first_position, int tokens) override {
-        int first = cache_.begin_append(batch_[0], tokens);
-        require(first == first_position, error_code::invalid_argument, "kvcache_attention: the cache is at position ",
-                first, " but the model feeds position ", first_position);
+        const int length = cache_.length(batch_[0]);
+        require(length == first_position, error_code::invalid_argument, "kvcache_attention: the cache is at position ",
+                length, " but the model feeds position ", first_position);
+        cache_.replan(plan_, batch_, {tokens});  // reuses the plan's buffers step after step
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
-        append_and_attend(cache_.view(layer, batch_), q, k, v, tokens, out);
+        const std::size_t q_count = std::size_t(tokens) * heads::query_heads * heads::head_dim;
+        const std::size_t kv_count = std::size_t(tokens) * heads::kv_heads * heads::head_dim;
+        append_and_attend(backend_, plan_, layer, span<const float>(q, q_count), span<const float>(k, kv_count),
+                          span<const float>(v, kv_count), span<float>(out, q_count));
     }
 
     sequence_id sequence() const noexcept { return batch_[0]; }
 
 private:
     Cache& cache_;
+    Backend backend_;
     std::vector<sequence_id> batch_;
+    plan_of<Cache> plan_;
 };
+
+/// The CPU cached path's attention_backend.
+/// @tparam Cache a host-memory kvcache owner
+template <class Cache>
+using kvcache_attention = host_attention<Cache, cpu_backend>;
 
 /// attention_backend that hands each layer to one of several backends under that backend's own
 /// layer number, so the layers of one model can live in owners of different layouts.

@@ -20,14 +20,15 @@ int main() {
     std::vector<float> queries(prompt * heads::query_heads * heads::head_dim), outputs(queries.size());
     for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::sin(0.01f * i), values[i] = std::cos(0.02f * i);
     for (std::size_t i = 0; i < queries.size(); ++i) queries[i] = std::sin(0.03f * i);
-    const int offsets[2] = {0, prompt};
-    cache.begin_append(sequence, prompt);
+    const kvcache::cpu_backend cpu;
+    const auto plan = cache.plan({sequence}, {prompt});  // reserves the prompt in both layers
     double largest_difference = 0;
     for (int layer = 0; layer < 2; ++layer) {
-        const auto view = cache.view(layer, {sequence});
-        kvcache::cpu::append(view, keys, values, offsets);
-        kvcache::cpu::prefill_attention(view, queries, offsets, outputs);
-        const auto exact = kvcache::reference::prefill_attention_exact(view, queries, offsets);
+        const auto view = plan.view(layer);
+        cpu.append(kvcache::append_params(view, keys, values, plan.new_token_offsets()));
+        const kvcache::prefill_params attend(view, queries, plan.new_token_offsets(), outputs);
+        cpu.prefill(attend);
+        const auto exact = kvcache::reference_backend{}.prefill_exact(attend);
         for (std::size_t i = 0; i < outputs.size(); ++i)
             largest_difference = std::fmax(largest_difference, std::fabs(outputs[i] - exact.outputs[i]));
     }

@@ -288,3 +288,20 @@ TEST_CASE("plan refuses unknown and repeated ids, bad counts and what does not f
     const std::vector<int> expected_offsets = {0, 2, 2};
     CHECK(std::vector<int>(plan.host_offsets().begin(), plan.host_offsets().end()) == expected_offsets);
 }
+
+TEST_CASE("plan_with_tokens records token ids: the full pages it wrote are found by match_prefix") {
+    paged_cache<float, heads> cache(1, 16, 4);
+    const sequence_id first = cache.add_sequence();
+    const std::vector<std::int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+    auto plan = cache.plan_with_tokens({first}, {prompt});
+    CHECK(plan.total_new_tokens() == 9);
+    const std::vector<float> rows(9 * kv_row, 0.5f);
+    cpu_backend{}.append(append_params(plan.view(0), rows, rows, plan.new_token_offsets()));
+    cache.publish(first);
+    const sequence_id second = cache.add_sequence();
+    CHECK(cache.match_prefix(second, prompt) == 8);  // two full pages of 4
+    CHECK(cache.pages(second)[1] == cache.pages(first)[1]);
+    CHECK(contains(error_of([&] { cache.plan_with_tokens({first, second}, {prompt}); }),
+                   "new_token_ids has 1 entries but the batch has 2"));
+    static_assert(std::is_same_v<decltype(plan), paged_cache<float, heads>::plan_type>);
+}

@@ -27,6 +27,9 @@ namespace detail {
 template <class Derived, class Element, class Heads>
 class owner_base {
 public:
+    /// The step plan type of this owner (what plan() returns).
+    using plan_type = step_plan<Derived>;
+
     /// True when id names a live sequence.
     bool contains(sequence_id id) const { return derived().sequences_.contains(id); }
     /// Live sequences.
@@ -84,34 +87,8 @@ public:
     template <class D = Derived>
     void replan(step_plan<D>& p, const std::vector<sequence_id>& batch, const std::vector<int>& new_tokens = {},
                 typename D::memory::stream_type stream = {}) {
-        Derived& self = derived();
-        self.sequences_.require_all(batch);
-        require(new_tokens.empty() || new_tokens.size() == batch.size(), error_code::invalid_argument, "new_tokens has ",
-                new_tokens.size(), " entries but the batch has ", batch.size(), " sequences (one each, or none)");
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-            for (std::size_t j = 0; j < i; ++j)
-                require(batch[j] != batch[i], error_code::invalid_argument, "sequence ", batch[i],
-                        " appears twice in the batch (entries ", j, " and ", i, ")");
-            if (!new_tokens.empty())
-                require(new_tokens[i] >= 0, error_code::invalid_argument, "new_tokens[", i, "] = ", new_tokens[i],
-                        " of sequence ", batch[i], " is negative");
-        }
-        std::vector<int> old_lengths;
-        for (sequence_id id : batch) old_lengths.push_back(self.length(id));
-        std::size_t reserved = 0;
-        try {
-            for (; reserved < batch.size(); ++reserved)
-                if (!new_tokens.empty() && new_tokens[reserved] > 0) self.begin_append(batch[reserved], new_tokens[reserved]);
-            std::vector<int> table = self.view_table(batch);
-            const std::size_t offsets_at = table.size();
-            table.push_back(0);
-            for (std::size_t i = 0; i < batch.size(); ++i)
-                table.push_back(table.back() + (new_tokens.empty() ? 0 : new_tokens[i]));
-            p.assign(&self, batch, std::move(table), offsets_at, stream);
-        } catch (...) {
-            for (std::size_t i = 0; i < reserved; ++i) self.undo_reservation(batch[i], old_lengths[i]);
-            throw;
-        }
+        replan_reserving(p, batch, new_tokens, stream,
+                         [&](std::size_t i) { derived().begin_append(batch[i], new_tokens[i]); });
     }
 
     /// Removes every sequence not in keep; throws not_found (and removes
@@ -184,6 +161,41 @@ public:
     }
 
 protected:
+    /// replan() with the reservation of entry i made by reserve(i) (the paged
+    /// cache also records token ids).
+    template <class D, class Reserve>
+    void replan_reserving(step_plan<D>& p, const std::vector<sequence_id>& batch, const std::vector<int>& new_tokens,
+                          typename D::memory::stream_type stream, Reserve&& reserve) {
+        Derived& self = derived();
+        self.sequences_.require_all(batch);
+        require(new_tokens.empty() || new_tokens.size() == batch.size(), error_code::invalid_argument, "new_tokens has ",
+                new_tokens.size(), " entries but the batch has ", batch.size(), " sequences (one each, or none)");
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            for (std::size_t j = 0; j < i; ++j)
+                require(batch[j] != batch[i], error_code::invalid_argument, "sequence ", batch[i],
+                        " appears twice in the batch (entries ", j, " and ", i, ")");
+            if (!new_tokens.empty())
+                require(new_tokens[i] >= 0, error_code::invalid_argument, "new_tokens[", i, "] = ", new_tokens[i],
+                        " of sequence ", batch[i], " is negative");
+        }
+        std::vector<int> old_lengths;
+        for (sequence_id id : batch) old_lengths.push_back(self.length(id));
+        std::size_t reserved = 0;
+        try {
+            for (; reserved < batch.size(); ++reserved)
+                if (!new_tokens.empty() && new_tokens[reserved] > 0) reserve(reserved);
+            std::vector<int> table = self.view_table(batch);
+            const std::size_t offsets_at = table.size();
+            table.push_back(0);
+            for (std::size_t i = 0; i < batch.size(); ++i)
+                table.push_back(table.back() + (new_tokens.empty() ? 0 : new_tokens[i]));
+            p.assign(&self, batch, std::move(table), offsets_at, stream);
+        } catch (...) {
+            for (std::size_t i = 0; i < reserved; ++i) self.undo_reservation(batch[i], old_lengths[i]);
+            throw;
+        }
+    }
+
     /// Gives back positions reserved past old_length by a plan that failed.
     void undo_reservation(sequence_id id, int old_length) { derived().truncate(id, old_length); }
 

@@ -39,6 +39,7 @@ class paged_cache : public detail::owner_base<paged_cache<Element, Heads, Memory
     friend base;
 
 public:
+    using typename base::plan_type;
     using element_type = Element;
     using heads = Heads;
     using memory = Memory;
@@ -96,6 +97,28 @@ public:
         require(static_cast<int>(token_ids.size()) == n, error_code::invalid_argument, "begin_append of ", n,
                 " tokens got ", token_ids.size(), " token ids");
         return append_positions(id, n, token_ids.data(), n);
+    }
+
+    /// plan() that also records each sequence's new token ids for the prefix
+    /// cache (new_token_ids[i] holds batch[i]'s new tokens; see begin_append).
+    plan_type plan_with_tokens(const std::vector<sequence_id>& batch,
+                               const std::vector<std::vector<std::int32_t>>& new_token_ids,
+                               typename Memory::stream_type stream = {}) {
+        plan_type p;
+        replan_with_tokens(p, batch, new_token_ids, stream);
+        return p;
+    }
+
+    /// replan() that also records token ids (see plan_with_tokens).
+    void replan_with_tokens(plan_type& p, const std::vector<sequence_id>& batch,
+                            const std::vector<std::vector<std::int32_t>>& new_token_ids,
+                            typename Memory::stream_type stream = {}) {
+        require(new_token_ids.size() == batch.size(), error_code::invalid_argument, "new_token_ids has ",
+                new_token_ids.size(), " entries but the batch has ", batch.size(), " sequences");
+        std::vector<int> counts;
+        for (const auto& ids : new_token_ids) counts.push_back(static_cast<int>(ids.size()));
+        this->replan_reserving(p, batch, counts, stream,
+                               [&](std::size_t i) { begin_append(batch[i], counts[i], new_token_ids[i]); });
     }
 
     using base::append;

@@ -2,9 +2,6 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(KVCACHE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kvcache" CACHE STRING
-    "Where kvcacheConfig.cmake is installed")
-
 install(TARGETS kvcache EXPORT kvcacheTargets)
 install(DIRECTORY include/kvcache DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(EXPORT kvcacheTargets NAMESPACE kvcache:: DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")

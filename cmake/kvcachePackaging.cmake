@@ -4,6 +4,7 @@ include(CMakePackageConfigHelpers)
 
 install(TARGETS kvcache EXPORT kvcacheTargets)
 install(DIRECTORY include/kvcache DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(FILES "${PROJECT_BINARY_DIR}/include/kvcache/version.hpp" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/kvcache")
 install(EXPORT kvcacheTargets NAMESPACE kvcache:: DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
 
 configure_package_config_file(

@@ -1,6 +1,7 @@
 # Drives one consumer test inside ctest: (optionally) installs kvcache into a
 # fresh prefix, configures and builds the consumer project, runs its program.
-# Inputs: MODE (find_package|subdirectory), KVCACHE_BUILD_DIR, KVCACHE_SOURCE_DIR, WORK_DIR, GENERATOR, WITH_CUDA.
+# Inputs: MODE (find_package|subdirectory), KVCACHE_BUILD_DIR, KVCACHE_SOURCE_DIR,
+# KVCACHE_VERSION, WORK_DIR, GENERATOR, WITH_CUDA.
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
@@ -23,6 +24,7 @@ if(MODE STREQUAL "find_package")
 else()
     set(configure_args -DKVCACHE_SOURCE_DIR=${KVCACHE_SOURCE_DIR})
 endif()
+list(APPEND configure_args -DKVCACHE_VERSION=${KVCACHE_VERSION})
 run_step(${CMAKE_COMMAND} -S ${consumer_dir} -B ${WORK_DIR}/build -G ${GENERATOR} ${configure_args})
 run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run_step(${WORK_DIR}/build/consumer)

@@ -1,9 +1,17 @@
-# install(), export() and the CMake package files of kvcache::kvcache.
+# install(), export() and the CMake package files of kvcache::kvcache and
+# kvcache::emulator.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS kvcache EXPORT kvcacheTargets)
-install(DIRECTORY include/kvcache DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+# The emulator's headers are installed by its file set, the rest of the tree
+# here; each header is installed once, by the target it belongs to.
+set(_kvcache_emulator_exclude "")
+foreach(_header IN LISTS KVCACHE_EMULATOR_HEADERS)
+    string(REGEX REPLACE "([.+])" "\\\\\\1" _pattern "${_header}")
+    list(APPEND _kvcache_emulator_exclude REGEX "/${_pattern}$" EXCLUDE)
+endforeach()
+install(TARGETS kvcache kvcache_emulator EXPORT kvcacheTargets FILE_SET HEADERS)
+install(DIRECTORY include/kvcache DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" ${_kvcache_emulator_exclude})
 install(FILES "${PROJECT_BINARY_DIR}/include/kvcache/version.hpp" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/kvcache")
 install(EXPORT kvcacheTargets NAMESPACE kvcache:: DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
 

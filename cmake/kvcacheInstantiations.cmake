@@ -14,7 +14,14 @@
 #                                      equals kvcache::test_configurations
 #   KVCACHE_CUDA_PRESET_CONFIGURATIONS every layout and type for the model
 #                                      presets (24 TUs); equals kvcache::preset_configurations
-set(_kvcache_instantiation_dir "${CMAKE_CURRENT_LIST_DIR}")
+#
+# The same file serves kvcache's own build (from cmake/) and a downstream
+# project (installed beside kvcacheConfig.cmake, which includes it): the
+# templates are read from the folder this file is in, wherever that is
+# (CMAKE_CURRENT_FUNCTION_LIST_DIR, so a call from any directory finds them).
+# The calling project must have enabled CUDA; the CUDA toolkit and CCCL are
+# found on the first call.
+include("${CMAKE_CURRENT_LIST_DIR}/kvcacheCuda.cmake")
 
 function(_kvcache_product out heads_list)
     set(result "")
@@ -36,6 +43,19 @@ function(kvcache_add_cuda_instantiations target)
     if(NOT ARG_CONFIGURATIONS)
         message(FATAL_ERROR "kvcache_add_cuda_instantiations(${target}): no CONFIGURATIONS given")
     endif()
+    set(templates "${CMAKE_CURRENT_FUNCTION_LIST_DIR}")  # this file's folder: cmake/ or the installed package
+    get_property(languages GLOBAL PROPERTY ENABLED_LANGUAGES)
+    if(NOT "CUDA" IN_LIST languages)
+        message(FATAL_ERROR "kvcache_add_cuda_instantiations(${target}) compiles .cu files: enable CUDA first "
+                            "(project(... LANGUAGES CXX CUDA) or enable_language(CUDA))")
+    endif()
+    foreach(template kvcache_instantiation.cu.in kvcache_merge_instantiation.cu.in kvcache_configurations.hpp.in)
+        if(NOT EXISTS "${templates}/${template}")
+            message(FATAL_ERROR "kvcache_add_cuda_instantiations: ${template} is missing beside "
+                                "${templates}/kvcacheInstantiations.cmake (an incomplete install?)")
+        endif()
+    endforeach()
+    kvcache_find_cuda_libraries()
     set(dir "${CMAKE_CURRENT_BINARY_DIR}/${target}_instantiations")
     string(MAKE_C_IDENTIFIER "${target}" KVCACHE_LIST_NAME)
     set(KVCACHE_TARGET "${target}")
@@ -65,19 +85,21 @@ function(kvcache_add_cuda_instantiations target)
         set(heads "kvcache::head_config<${q}, ${kv}, ${dim}>")
         set(KVCACHE_VIEW "kvcache::${layout}_view<${type}, ${heads}>")
         set(file "${dir}/${layout}_${element}_${q}_${kv}_${dim}.cu")
-        configure_file("${_kvcache_instantiation_dir}/kvcache_instantiation.cu.in" "${file}" @ONLY)
+        configure_file("${templates}/kvcache_instantiation.cu.in" "${file}" @ONLY)
         list(APPEND sources "${file}")
         list(APPEND types "kvcache::configuration<kvcache::${layout}_layout, ${type}, ${heads}>")
     endforeach()
-    configure_file("${_kvcache_instantiation_dir}/kvcache_merge_instantiation.cu.in" "${dir}/merge_states.cu" @ONLY)
+    configure_file("${templates}/kvcache_merge_instantiation.cu.in" "${dir}/merge_states.cu" @ONLY)
     list(APPEND sources "${dir}/merge_states.cu")
     list(JOIN types ",\n    " KVCACHE_CONFIGURATION_TYPES)
-    configure_file("${_kvcache_instantiation_dir}/kvcache_configurations.hpp.in"
+    configure_file("${templates}/kvcache_configurations.hpp.in"
                    "${dir}/include/${target}_configurations.hpp" @ONLY)
 
     add_library(${target} STATIC ${sources})
     target_link_libraries(${target} PUBLIC kvcache::kvcache CUDA::cudart PRIVATE CCCL::CCCL)
     target_include_directories(${target} PUBLIC "${dir}/include")
+    # C++17 in the nvcc TUs even where the package config ran before CUDA was enabled.
+    target_compile_features(${target} PRIVATE cuda_std_17)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
         set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES native)

@@ -1,13 +1,34 @@
-# install(), export() and the CMake package files of kvcache::kvcache.
+# install(), export() and the CMake package files of kvcache::kvcache and
+# kvcache::emulator, with the CUDA instantiation helper a downstream project
+# calls after find_package(kvcache).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(KVCACHE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kvcache" CACHE STRING
-    "Where kvcacheConfig.cmake is installed")
-
-install(TARGETS kvcache EXPORT kvcacheTargets)
-install(DIRECTORY include/kvcache DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+# The emulator's headers are installed by its file set, the rest of the tree
+# here; each header is installed once, by the target it belongs to.
+set(_kvcache_emulator_exclude "")
+foreach(_header IN LISTS KVCACHE_EMULATOR_HEADERS)
+    string(REGEX REPLACE "([.+])" "\\\\\\1" _pattern "${_header}")
+    list(APPEND _kvcache_emulator_exclude REGEX "/${_pattern}$" EXCLUDE)
+endforeach()
+install(TARGETS kvcache kvcache_emulator EXPORT kvcacheTargets FILE_SET HEADERS)
+install(DIRECTORY include/kvcache DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" ${_kvcache_emulator_exclude})
+install(FILES "${PROJECT_BINARY_DIR}/include/kvcache/version.hpp" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/kvcache")
 install(EXPORT kvcacheTargets NAMESPACE kvcache:: DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
+
+# kvcache_add_cuda_instantiations() and what it reads: it finds its templates
+# beside itself, so they travel together (the build tree gets copies too, for
+# the package config exported there).
+set(_kvcache_cuda_helpers
+    kvcacheInstantiations.cmake
+    kvcacheCuda.cmake
+    kvcache_instantiation.cu.in
+    kvcache_merge_instantiation.cu.in
+    kvcache_configurations.hpp.in)
+foreach(_file IN LISTS _kvcache_cuda_helpers)
+    configure_file("${PROJECT_SOURCE_DIR}/cmake/${_file}" "${PROJECT_BINARY_DIR}/${_file}" COPYONLY)
+    install(FILES "${PROJECT_SOURCE_DIR}/cmake/${_file}" DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
+endforeach()
 
 configure_package_config_file(
     "${PROJECT_SOURCE_DIR}/cmake/kvcacheConfig.cmake.in"

@@ -10,8 +10,6 @@ if(KVCACHE_CCACHE)
     endforeach()
 endif()
 
-find_package(Threads REQUIRED)
-
 # kvcache_project_options(<target>): warnings as errors, sanitizers when asked.
 function(kvcache_project_options target)
     target_compile_options(${target} PRIVATE
@@ -22,7 +20,6 @@ function(kvcache_project_options target)
             $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all>)
         target_link_options(${target} PRIVATE -fsanitize=address,undefined)
     endif()
-    target_link_libraries(${target} PRIVATE Threads::Threads)
 endfunction()
 
 # kvcache_cuda_options(<target>): what every kvcache CUDA target needs.

@@ -1,9 +1,11 @@
 // A downstream program: uses kvcache only through the package's public target
-// and the umbrella header, the way the README shows.
+// and the umbrella header, the way the README shows. KVCACHE_EXPECTED_VERSION
+// is defined by the consumer project: kvcache's project(VERSION), as the test passes it.
 #include <kvcache/kvcache.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 int main() {
@@ -33,8 +35,12 @@ int main() {
             largest_difference = std::fmax(largest_difference, std::fabs(outputs[i] - exact.outputs[i]));
     }
     const bool close = largest_difference < 1e-3;  // fp16 storage: rows are rounded, the sums are not
-    std::printf("kvcache %d.%d consumer: group %d, half round trip %.2f, prefill %s the reference (%.1e)\n",
-                kvcache::version::major, kvcache::version::minor, heads::group_size, back,
-                close ? "matches" : "DIFFERS FROM", largest_difference);
-    return back == 1.5f && close ? 0 : 1;
+    // The generated header must carry the project version (and, installed, the package's: find_package asked EXACT).
+    const bool same_version = std::strcmp(kvcache::version::string, KVCACHE_EXPECTED_VERSION) == 0;
+    std::printf("kvcache %s consumer: group %d, half round trip %.2f, prefill %s the reference (%.1e)\n",
+                kvcache::version::string, heads::group_size, back, close ? "matches" : "DIFFERS FROM",
+                largest_difference);
+    if (!same_version)
+        std::printf("kvcache/version.hpp says %s, the package %s\n", kvcache::version::string, KVCACHE_EXPECTED_VERSION);
+    return back == 1.5f && close && same_version ? 0 : 1;
 }

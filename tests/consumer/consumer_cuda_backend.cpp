@@ -29,8 +29,9 @@ static_assert(kvcache::compiled::consumer_kernels::size == 1, "the project insta
 void append_and_decode(const view_type& view, kvcache::span<const element> keys, kvcache::span<const element> values,
                        kvcache::span<const int> new_token_offsets, kvcache::span<const element> queries,
                        kvcache::span<element> outputs) {
-    kvcache::cuda::append(view, keys, values, new_token_offsets);
-    kvcache::cuda::decode_attention(view, queries, outputs);
+    const kvcache::cuda_backend backend;  // the default stream
+    backend.append(kvcache::append_params(view, keys, values, new_token_offsets));
+    backend.decode(kvcache::decode_params(view, queries, outputs));
 }
 
 /// Managed memory: the kernels and the host reference read the same buffers.
@@ -71,7 +72,8 @@ double run_on_device() {
     const cudaError_t status = cudaDeviceSynchronize();
     if (status != cudaSuccess) throw std::runtime_error(std::string("kernels failed: ") + cudaGetErrorString(status));
 
-    const auto exact = kvcache::reference::decode_attention_exact(view, span<const element>(queries, query_elements));
+    const auto exact = kvcache::reference_backend{}.decode_exact(
+        kvcache::decode_params(view, span<const element>(queries, query_elements), span<element>()));
     double worst = 0;
     for (std::size_t i = 0; i < exact.outputs.size(); ++i)
         worst = std::fmax(worst, std::fabs(double(float(outputs[i])) - exact.outputs[i]));

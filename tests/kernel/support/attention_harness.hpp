@@ -1,5 +1,5 @@
 // The kernel test matrix, shared by every backend under test: builds a cache
-// through a factory, fills it through reference::append, runs the backend's
+// through a factory, fills it through reference_backend::append, runs the backend's
 // decode / prefill / append and compares with the double-precision reference.
 #pragma once
 
@@ -119,7 +119,7 @@ std::vector<T> random_rows(std::size_t count, float magnitude, unsigned seed) {
     return rows;
 }
 
-/// Fills every present row of a cache through reference::append of whole sequences.
+/// Fills every present row of a cache through reference_backend::append of whole sequences.
 template <class View>
 void fill_cache(const View& view, unsigned seed) {
     using heads = typename View::heads;

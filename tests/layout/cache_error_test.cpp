@@ -345,3 +345,32 @@ TEST_CASE_TEMPLATE("files: configuration mismatches name the parameters and both
     check_fails(__LINE__, w8, E::format_error, {path.c_str(), "window 16", "window 8"}, [&] { w8.load_file(path); });
     std::remove(path.c_str());
 }
+
+TEST_CASE("owners take float rows into a half cache and round each to binary16 on the way in") {
+    using namespace kvcache;
+    using heads = head_config<4, 2, 16>;
+    constexpr int row = heads::kv_heads * heads::head_dim;
+    std::vector<float> keys(3 * row), values(3 * row);
+    for (int i = 0; i < 3 * row; ++i) keys[i] = 0.001f * float(i) + 1.0f / 3.0f, values[i] = -0.002f * float(i);
+    auto check = [&](auto& cache) {
+        const sequence_id id = cache.add_sequence();
+        cache.append(id, 0, keys, values, 3);  // float rows, half storage
+        std::vector<half> k(3 * row), v(3 * row);
+        cache.read(id, 0, 0, 3, k, v);
+        int mismatches = 0;
+        for (int i = 0; i < 3 * row; ++i)
+            mismatches += (k[i].bits != half(keys[i]).bits) + (v[i].bits != half(values[i]).bits);
+        CHECK(mismatches == 0);
+        const std::vector<float> one(row, 2.5f);
+        cache.write(id, 0, 1, one, one, 1);
+        cache.read(id, 0, 0, 3, k, v);
+        CHECK(float(k[row]) == 2.5f);
+        CHECK(k[0].bits == half(keys[0]).bits);
+        const std::vector<float> short_rows(row - 1);
+        CHECK_THROWS_AS(cache.write(id, 0, 0, short_rows, one, 1), kvcache::error);
+    };
+    paged_cache<half, heads> paged(1, 4, 4);
+    contiguous_cache<half, heads> contiguous(1, 1, 8);
+    check(paged);
+    check(contiguous);
+}

@@ -7,6 +7,7 @@
 #include <istream>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvcache/cache/sequence_id.hpp"
@@ -91,6 +92,16 @@ public:
                          [&](std::size_t i) { derived().begin_append(batch[i], new_tokens[i]); });
     }
 
+    /// append() from rows of the other element type (float rows into a half
+    /// cache, or half into float), converted on the way in.
+    /// @tparam Keys a sized buffer of float or kvcache::half
+    /// @tparam Values a sized buffer of the same element type
+    template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
+    void append(sequence_id id, int layer, const Keys& keys, const Values& values, int n) {
+        const std::vector<Element> key_rows = converted_rows(keys), value_rows = converted_rows(values);
+        append(id, layer, span<const Element>(key_rows), span<const Element>(value_rows), n);
+    }
+
     /// Removes every sequence not in keep; throws not_found (and removes
     /// nothing) when an id in keep is unknown.
     void keep_only(const std::vector<sequence_id>& keep) {
@@ -161,6 +172,18 @@ public:
     }
 
 protected:
+    /// Rows of another element type converted to Element (write/append of float rows).
+    /// @tparam Rows a sized buffer of float or kvcache::half
+    template <class Rows>
+    static std::vector<Element> converted_rows(const Rows& rows) {
+        using Input = detail::range_element_t<Rows>;
+        static_assert(is_element_v<Input>, "kvcache: K/V rows are float or kvcache::half");
+        const auto in = make_span(rows);
+        std::vector<Element> out(in.size());
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = from_float<Element>(to_float(in[i]));
+        return out;
+    }
+
     /// replan() with the reservation of entry i made by reserve(i) (the paged
     /// cache also records token ids).
     template <class D, class Reserve>

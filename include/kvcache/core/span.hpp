@@ -61,6 +61,11 @@ template <class Range>
 struct is_sized_range<Range, std::void_t<decltype(std::data(std::declval<Range&>())), decltype(std::size(std::declval<Range&>()))>>
     : std::is_pointer<decltype(std::data(std::declval<Range&>()))> {};
 
+/// The element type of a buffer argument (a span or a contiguous container).
+/// @tparam Range the argument's type
+template <class Range>
+using range_element_t = std::remove_const_t<std::remove_pointer_t<decltype(std::data(std::declval<Range&>()))>>;
+
 }  // namespace detail
 
 /// True for what the library's calls accept as a buffer: a span, a

@@ -77,7 +77,7 @@ struct decode_kernel {
             if (run.count <= 0) break;  // a layout bug; every thread sees the same run
             int n = run.count < end - v ? run.count : end - v;
             n = n < tile ? n : tile;
-            tile_step::step(ctx, run, n, visibility, detail::tile_query_positions{nullptr, query_position}, 1, p.soft_cap, queries, keys, values, scores, stats,
+            tile_step::step(ctx, run, n, visibility, detail::single_query_position{query_position}, 1, p.soft_cap, queries, keys, values, scores, stats,
                             accumulators);
             v += n;
         }

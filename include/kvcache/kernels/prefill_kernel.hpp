@@ -70,18 +70,15 @@ private:
         auto values = ctx.template shared_array<float>(tile_step::value_offset, tile * dim);
         auto scores = ctx.template shared_array<float>(tile_step::score_offset, rows * tile);
         auto stats = ctx.template shared_array<float>(tile_step::stats_offset, 3 * rows);
-        // With explicit positions a tile's tokens may sit anywhere: the run
-        // loop below needs the lowest and highest of them.
-        const detail::tile_query_positions position{
-            p.query_positions ? p.query_positions + first_token : nullptr, first_position};
-        int lowest = position(0), last_position = position(tokens - 1);  // consecutive: the ends
-        if (p.query_positions)
-            for (int t = 0; t < tokens; ++t) {
-                const int q = position(t);
-                lowest = q < lowest ? q : lowest;
-                last_position = q > last_position ? q : last_position;
-            }
-
+        auto positions = ctx.template shared_array<int>(tile_step::position_offset, rows + 2);  // + lowest, highest
+        if (p.query_positions)  // two loops: one select per token costs the consecutive case registers
+            for (int t = thread; t < tokens; t += block_threads) positions[t] = p.query_positions[first_token + t];
+        else
+            for (int t = thread; t < tokens; t += block_threads) positions[t] = first_position + t;
+        if (thread == 0) {  // the ends, for the skips below; explicit positions may sit anywhere, so they skip nothing
+            positions[rows] = p.query_positions ? 0 : first_position;
+            positions[rows + 1] = p.query_positions ? 0x7fffffff : first_position + tokens - 1;
+        }
         // Rows of one token are the group's heads, contiguous in the input.
         for (int i = thread; i < rows * (dim / 8); i += block_threads) {
             const int r = i / (dim / 8), c = (i % (dim / 8)) * 8, t = r / group;
@@ -96,17 +93,17 @@ private:
 
         for (int v = 0; v < visible;) {
             const position_run<element> run = p.view.run(sequence, kv, v);
-            if (run.count <= 0 || run.first_position > last_position) break;  // keys ascend: none later is seen
+            if (run.count <= 0 || run.first_position > positions[rows + 1]) break;  // keys ascend: none later is seen
             int n = run.count < visible - v ? run.count : visible - v;
             n = n < tile ? n : tile;
             // Skip a tile every row's window has left behind (uniform: no barrier is skipped by part of the block).
             const bool behind = visibility.window > 0 && run.first_position >= visibility.sinks &&
-                                run.first_position + n - 1 <= lowest - visibility.window;
+                                run.first_position + n - 1 <= positions[rows] - visibility.window;
             if (behind) {
                 v += n;
                 continue;
             }
-            tile_step::step(ctx, run, n, visibility, position, tokens, p.soft_cap, queries, keys, values, scores,
+            tile_step::step(ctx, run, n, visibility, positions, tokens, p.soft_cap, queries, keys, values, scores,
                             stats, accumulators);
             v += n;
         }

@@ -22,11 +22,6 @@
 namespace kvcache {
 namespace detail {
 
-/// The element type of a buffer argument (a span or a contiguous container).
-/// @tparam Range the argument's type
-template <class Range>
-using range_element_t = std::remove_const_t<std::remove_pointer_t<decltype(std::data(std::declval<Range&>()))>>;
-
 /// Compile-time checks of a call's buffer element types: queries (or K/V
 /// rows) float or half, and outputs of the same type.
 /// @tparam Input the element type of the input buffers

@@ -16,15 +16,10 @@
 namespace kvcache {
 namespace detail {
 
-/// Where a tile's query tokens sit: token t at first + t (decode, and prefill
-/// of the last positions), or at explicit_positions[t] when the caller placed
-/// them (cascade attention: other requests' queries over a shared prefix).
-struct tile_query_positions {
-    const int* explicit_positions;  ///< null: consecutive from first
-    int first;
-    KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE int operator()(int token) const noexcept {
-        return explicit_positions ? explicit_positions[token] : first + token;
-    }
+/// The positions of a tile holding one query token (decode), as step() reads them.
+struct single_query_position {
+    int position;
+    KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE int operator[](int) const noexcept { return position; }
 };
 
 /// Shared-memory offsets and the per-tile steps of the attention bodies.
@@ -45,8 +40,12 @@ struct attention_tile {
     static constexpr std::size_t value_offset = align16(key_offset + sizeof(float) * Tile * pitch);
     static constexpr std::size_t score_offset = align16(value_offset + sizeof(float) * Tile * Dim);
     static constexpr std::size_t stats_offset = align16(score_offset + sizeof(float) * Rows * Tile);
+    /// The position of each query token of the tile (ints; at most Rows tokens),
+    /// then the lowest and the highest: read from shared memory, so explicit and
+    /// consecutive positions cost the same registers.
+    static constexpr std::size_t position_offset = align16(stats_offset + sizeof(float) * 3 * Rows);
     /// Dynamic shared memory a launch needs.
-    static constexpr std::size_t shared_bytes = align16(stats_offset + sizeof(float) * 3 * Rows);
+    static constexpr std::size_t shared_bytes = align16(position_offset + sizeof(int) * (Rows + 2));
 
     /// Every row's running max to -inf and sum to 0; this thread's accumulators to 0.
     /// The caller syncs the block before the first step.
@@ -62,11 +61,12 @@ struct attention_tile {
     }
 
     /// One tile: the first n (<= Tile) keys and values of run, seen by rows of
-    /// tokens [0, tokens) at positions query_position(token).
-    template <class Context, class Element, class Queries, class Keys, class Values, class Scores, class Stats>
+    /// tokens [0, tokens) at positions[token] (shared memory).
+    template <class Context, class Element, class Positions, class Queries, class Keys, class Values, class Scores,
+              class Stats>
     KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static void step(Context& ctx, const position_run<Element>& run, int n,
                                                               const attention_visibility& visibility,
-                                                              tile_query_positions query_position, int tokens,
+                                                              const Positions& positions, int tokens,
                                                               float soft_cap,
                                                               Queries& queries, Keys& keys, Values& values,
                                                               Scores& scores, Stats& stats,
@@ -84,7 +84,7 @@ struct attention_tile {
         for (int i = thread; i < Rows * Tile; i += BlockThreads) {
             const int r = i / Tile, t = i % Tile, token = r / Group;
             float score = negative_infinity();
-            if (t < n && token < tokens && visibility.allows(query_position(token), run.first_position + t)) {
+            if (t < n && token < tokens && visibility.allows(positions[token], run.first_position + t)) {
                 float dot = 0.0f;
                 for (int d = 0; d < Dim; ++d) dot += queries[r * Dim + d] * keys[t * pitch + d];
                 score = apply_soft_cap(dot, soft_cap);

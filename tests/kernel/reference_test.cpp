@@ -72,6 +72,25 @@ TEST_CASE("reference prefill is causal within the chunk") {
     CHECK(result.lse[0] == doctest::Approx(std::log(2.0)));
 }
 
+TEST_CASE("reference prefill at explicit positions: any order, repeats, past the end, more tokens than keys") {
+    // Three keys with values 10, 20, 30 and equal logits; a window of 2 with 1 sink on a
+    // layout that keeps everything: a query at q sees 0 and the keys in (q - 2, q].
+    scatter_cache<float, heads_1x1x8> cache({3}, 2, 1, 3, 1, /*drop_outside_window=*/false);
+    for (int p = 0; p < 3; ++p) set_row(cache, 0, p, 1.0f, float(10 * (p + 1)), 0);
+    std::vector<float> queries(5 * 8, 0.0f);
+    const int offsets[2] = {0, 5};
+    const std::vector<int> positions = {2, 0, 9, 1, 0};
+    const auto result =
+        reference::prefill_attention_exact(cache.view(), queries, offsets, {}, make_span(positions));
+    CHECK(result.outputs[0 * 8] == doctest::Approx(20.0));  // position 2 sees 0, 1, 2
+    CHECK(result.outputs[1 * 8] == doctest::Approx(10.0));  // position 0 sees 0
+    CHECK(result.outputs[2 * 8] == doctest::Approx(10.0));  // position 9 sees the sink only: 1 and 2 left the window
+    CHECK(result.outputs[3 * 8] == doctest::Approx(15.0));  // position 1 sees 0, 1
+    CHECK(result.outputs[4 * 8] == doctest::Approx(10.0));
+    CHECK(result.lse[0] == doctest::Approx(std::log(3.0)));
+    CHECK(result.lse[2] == doctest::Approx(0.0));
+}
+
 TEST_CASE("reference merge: empty states weigh nothing and never give NaN") {
     const float inf = std::numeric_limits<float>::infinity();
     constexpr int dim = 8;  // merges take head dims that are multiples of 8; dims 2..7 are zero here

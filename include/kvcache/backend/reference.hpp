@@ -85,14 +85,15 @@ inline double attend(const double* query, const gathered_rows& rows, int query_p
     return max_logit + std::log(sum);
 }
 
-/// Attention of `tokens` query tokens of one sequence, the last positions of it.
+/// Attention of `tokens` query tokens of one sequence: at positions[t] when
+/// positions is not null, else the last positions of the sequence.
 template <class Layout, class Query>
-void attend_sequence(const Layout& view, int sequence, int tokens, const Query* queries,
+void attend_sequence(const Layout& view, int sequence, int tokens, const Query* queries, const int* positions,
                      const attention_options& options, double* outputs, double* lse) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const double scale = options.softmax_scale != 0.0f ? options.softmax_scale : 1.0 / std::sqrt(double(dim));
-    const int length = view.length(sequence);  // tokens <= length: checked by check_offsets for every caller
+    const int length = view.length(sequence);  // without positions, tokens <= length: check_offsets refuses more
     std::vector<double> query(dim);
     for (int kv = 0; kv < heads::kv_heads; ++kv) {
         const gathered_rows rows = gather(view, sequence, kv);
@@ -101,8 +102,9 @@ void attend_sequence(const Layout& view, int sequence, int tokens, const Query* 
                 const int head = kv * heads::group_size + g;
                 const std::size_t row = static_cast<std::size_t>(t) * heads::query_heads + head;
                 for (int d = 0; d < dim; ++d) query[d] = to_float(queries[row * dim + d]);
-                lse[row] = attend(query.data(), rows, length - tokens + t, view.visibility(), scale,
-                                  options.logits_soft_cap, outputs + row * dim);
+                const int position = positions ? positions[t] : length - tokens + t;
+                lse[row] = attend(query.data(), rows, position, view.visibility(), scale, options.logits_soft_cap,
+                                  outputs + row * dim);
             }
         }
     }
@@ -138,7 +140,7 @@ attention_result decode_attention_exact(const Layout& view, const Queries& query
             for (int h = 0; h < heads::query_heads; ++h) result.lse[row + h] = -std::numeric_limits<double>::infinity();
             continue;
         }
-        detail::attend_sequence(view, b, 1, queries.data() + row * heads::head_dim, options,
+        detail::attend_sequence(view, b, 1, queries.data() + row * heads::head_dim, nullptr, options,
                                 result.outputs.data() + row * heads::head_dim, result.lse.data() + row);
     }
     return result;
@@ -146,17 +148,22 @@ attention_result decode_attention_exact(const Layout& view, const Queries& query
 
 /// Prefill attention in double: the last n_b positions of sequence b query the
 /// cached prefix and, causally, their own chunk. queries: [total tokens][query_heads][head_dim],
-/// query_offsets: batch + 1 entries from 0.
+/// query_offsets: batch + 1 entries from 0. With query_positions (one per
+/// query token, each >= 0), token t of sequence b is at query_positions[query_offsets[b] + t]
+/// instead and sees every present key at or before it that visibility() allows.
 /// @tparam Layout a layout view over host-accessible memory
 /// @tparam Queries a sized buffer of float or kvcache::half
 /// @tparam Offsets a sized buffer of int
 template <class Layout, class Queries, class Offsets>
 attention_result prefill_attention_exact(const Layout& view, const Queries& query_rows, const Offsets& offsets,
-                                         const attention_options& options = {}) {
+                                         const attention_options& options = {},
+                                         span<const int> query_positions = {}) {
     using heads = typename Layout::heads;
     const auto queries = make_span(query_rows);
     const span<const int> query_offsets = make_span(offsets);
-    kvcache::detail::check_prefill(view, queries.size(), query_offsets, queries.size(), false, 0, options, true);
+    kvcache::detail::check_prefill(view, queries.size(), query_offsets, queries.size(), false, 0, options, true,
+                                   query_positions);
+    const int* positions = query_positions.empty() ? nullptr : query_positions.data();
     const int batch = view.sequence_count();
     const int total = batch == 0 ? 0 : query_offsets[batch];
     attention_result result;
@@ -165,7 +172,8 @@ attention_result prefill_attention_exact(const Layout& view, const Queries& quer
     for (int b = 0; b < batch; ++b) {
         const int tokens = query_offsets[b + 1] - query_offsets[b];
         const std::size_t row = static_cast<std::size_t>(query_offsets[b]) * heads::query_heads;
-        detail::attend_sequence(view, b, tokens, queries.data() + row * heads::head_dim, options,
+        detail::attend_sequence(view, b, tokens, queries.data() + row * heads::head_dim,
+                                positions ? positions + query_offsets[b] : nullptr, options,
                                 result.outputs.data() + row * heads::head_dim, result.lse.data() + row);
     }
     return result;
@@ -198,22 +206,24 @@ void decode_attention_with_lse(const Layout& view, const Queries& queries, Outpu
     detail::narrow(decode_attention_exact(view, queries, options), o.data(), l.data());
 }
 
-/// Prefill attention, results narrowed to the queries' type. See prefill_attention_exact.
+/// Prefill attention, results narrowed to the queries' type. See prefill_attention_exact
+/// (also for query_positions).
 /// @tparam Layout a layout view over host-accessible memory
 /// @tparam Queries a sized buffer of float or kvcache::half
 /// @tparam Offsets a sized buffer of int
 /// @tparam Outputs a sized buffer of the queries' element type
 template <class Layout, class Queries, class Offsets, class Outputs>
 void prefill_attention(const Layout& view, const Queries& queries, const Offsets& query_offsets, Outputs&& outputs,
-                       const attention_options& options = {}) {
+                       const attention_options& options = {}, span<const int> query_positions = {}) {
     kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
     const auto o = make_span(outputs);
     kvcache::detail::check_prefill(view, make_span(queries).size(), make_span(query_offsets), o.size(), false, 0,
-                                   options, true);
-    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options), o.data(), nullptr);
+                                   options, true, query_positions);
+    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options, query_positions), o.data(), nullptr);
 }
 
-/// Prefill attention that also writes the log-sum-exp of each (token, query head).
+/// Prefill attention that also writes the log-sum-exp of each (token, query head);
+/// query_positions as in prefill_attention_exact.
 /// @tparam Layout a layout view over host-accessible memory
 /// @tparam Queries a sized buffer of float or kvcache::half
 /// @tparam Offsets a sized buffer of int
@@ -221,13 +231,14 @@ void prefill_attention(const Layout& view, const Queries& queries, const Offsets
 /// @tparam Lse a sized buffer of float
 template <class Layout, class Queries, class Offsets, class Outputs, class Lse>
 void prefill_attention_with_lse(const Layout& view, const Queries& queries, const Offsets& query_offsets,
-                                Outputs&& outputs, Lse&& lse, const attention_options& options = {}) {
+                                Outputs&& outputs, Lse&& lse, const attention_options& options = {},
+                                span<const int> query_positions = {}) {
     kvcache::detail::check_element_types<kvcache::detail::range_element_t<Queries>, kvcache::detail::range_element_t<Outputs>>();
     const auto o = make_span(outputs);
     const span<float> l = make_span(lse);
     kvcache::detail::check_prefill(view, make_span(queries).size(), make_span(query_offsets), o.size(), true, l.size(),
-                                   options, true);
-    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options), o.data(), l.data());
+                                   options, true, query_positions);
+    detail::narrow(prefill_attention_exact(view, queries, query_offsets, options, query_positions), o.data(), l.data());
 }
 
 /// True when position is present in the sequence (the sliding window may have dropped it).

@@ -76,11 +76,12 @@ std::string sequence_name(const Layout& view, int b) {
 /// Checks CSR token offsets of a batch and returns the total tokens. For a
 /// batch of b sequences, b + 1 entries, non-decreasing from offsets[0] = 0;
 /// an empty batch may pass no entries. When the view's lengths are host
-/// memory, each sequence's tokens are also checked against its length.
+/// memory and the tokens are the sequences' last positions (within_length),
+/// each sequence's tokens are also checked against its length.
 /// @tparam Layout a layout view
 template <class Layout>
 int check_offsets(const Layout& view, span<const int> offsets, const char* field, const char* verb,
-                  bool host_lengths) {
+                  bool host_lengths, bool within_length = true) {
     const int batch = view.sequence_count();
     require(batch >= 0, error_code::invalid_argument, "view.sequences = ", batch, " is negative");
     if (batch == 0 && offsets.empty()) return 0;
@@ -92,7 +93,7 @@ int check_offsets(const Layout& view, span<const int> offsets, const char* field
         const int tokens = offsets[b + 1] - offsets[b];
         require(offsets[b + 1] >= offsets[b], error_code::invalid_argument, field, " decreases at ",
                 sequence_name(view, b), ": ", field, "[", b + 1, "] = ", offsets[b + 1], " < ", offsets[b]);
-        require(tokens <= view.length(b), error_code::invalid_argument, sequence_name(view, b), " ", verb, " ", tokens,
+        require(!within_length || tokens <= view.length(b), error_code::invalid_argument, sequence_name(view, b), " ", verb, " ", tokens,
                 " tokens but its length is ", view.length(b), " (begin_append reserves the positions first)");
     }
     return offsets[batch];
@@ -130,13 +131,24 @@ void check_decode(const Layout& view, std::size_t queries, std::size_t outputs, 
 }
 
 /// prefill: queries and outputs hold total tokens x query_heads x head_dim; lse total tokens x query_heads.
+/// With explicit query positions (host memory, non-empty), one per query
+/// token, each >= 0, and a sequence may have more query tokens than keys.
 /// @tparam Layout a layout view
 template <class Layout>
 void check_prefill(const Layout& view, std::size_t queries, span<const int> offsets, std::size_t outputs,
-                   bool with_lse, std::size_t lse_size, const attention_options& options, bool host_lengths) {
+                   bool with_lse, std::size_t lse_size, const attention_options& options, bool host_lengths,
+                   span<const int> query_positions = {}) {
     using heads = typename Layout::heads;
     check_options(options);
-    const int total = check_offsets(view, offsets, "query_offsets", "has", host_lengths);
+    const bool explicit_positions = !query_positions.empty();
+    const int total = check_offsets(view, offsets, "query_offsets", "has", host_lengths, !explicit_positions);
+    if (explicit_positions && total >= 0) {
+        require(query_positions.size() == std::size_t(total), error_code::invalid_argument, "query_positions has ",
+                query_positions.size(), " entries but the batch has ", total, " query tokens");
+        for (int i = 0; i < total; ++i)
+            require(query_positions[i] >= 0, error_code::invalid_argument, "query_positions[", i, "] = ",
+                    query_positions[i], " is negative");
+    }
     const std::int64_t row = std::int64_t(heads::query_heads) * heads::head_dim;
     if (total < 0) {
         require(outputs >= queries && queries % row == 0, error_code::invalid_argument, "queries (", queries,

@@ -1,7 +1,8 @@
 // The FP32 arithmetic shared by the kernels and the CPU backend: soft-capping,
-// the online (running max, running sum) softmax, and merging partial states
-// given as (output, log-sum-exp). Empty states have lse = -inf and output 0;
-// every function here keeps them from producing NaN.
+// the terms of the online (running max, running sum) softmax, its
+// log-sum-exp, and merging partial states given as (output, log-sum-exp).
+// Empty states have lse = -inf and output 0; every function here keeps them
+// from producing NaN.
 #pragma once
 
 #include <cmath>
@@ -27,6 +28,13 @@ KVCACHE_HOST_DEVICE inline float exp_difference(float a, float b) noexcept {
     return a == negative_infinity() ? 0.0f : ::expf(a - b);
 }
 
+/// Natural log of sum_i exp(logit_i), given the largest logit and the sum
+/// of exp(logit_i - max): the one formula every kernel, backend and merge
+/// uses. -inf when the sum is 0 (a row that saw no key, an all-empty merge).
+KVCACHE_HOST_DEVICE inline float log_sum_exp(float max, float sum) noexcept {
+    return sum > 0.0f ? max + ::logf(sum) : negative_infinity();
+}
+
 /// Running state of one softmax row: maximum logit seen and sum of exp(logit - max).
 struct online_softmax {
     float max = 0.0f;  ///< set to -inf by reset()
@@ -47,7 +55,7 @@ struct online_softmax {
 
     /// Natural log of the sum of exp(logits): -inf for a row that saw nothing.
     KVCACHE_HOST_DEVICE float log_sum_exp() const noexcept {
-        return sum > 0.0f ? max + ::logf(sum) : negative_infinity();
+        return kvcache::detail::log_sum_exp(max, sum);
     }
 };
 

@@ -35,30 +35,6 @@ KVCACHE_HOST_DEVICE inline float log_sum_exp(float max, float sum) noexcept {
     return sum > 0.0f ? max + ::logf(sum) : negative_infinity();
 }
 
-/// Running state of one softmax row: maximum logit seen and sum of exp(logit - max).
-struct online_softmax {
-    float max = 0.0f;  ///< set to -inf by reset()
-    float sum = 0.0f;
-
-    KVCACHE_HOST_DEVICE void reset() noexcept {
-        max = negative_infinity();
-        sum = 0.0f;
-    }
-
-    /// Folds in a block whose largest logit is block_max; returns the factor
-    /// by which earlier accumulations must be rescaled, and sets new_max, the
-    /// reference the block's exp(logit - new_max) must use.
-    KVCACHE_HOST_DEVICE float rescale_for(float block_max, float& new_max) const noexcept {
-        new_max = block_max > max ? block_max : max;
-        return exp_difference(max, new_max);
-    }
-
-    /// Natural log of the sum of exp(logits): -inf for a row that saw nothing.
-    KVCACHE_HOST_DEVICE float log_sum_exp() const noexcept {
-        return kvcache::detail::log_sum_exp(max, sum);
-    }
-};
-
 /// Weight of a partial state with log-sum-exp lse inside a merge whose
 /// largest lse is max_lse (0 for empty states).
 KVCACHE_HOST_DEVICE inline float merge_weight(float lse, float max_lse) noexcept {

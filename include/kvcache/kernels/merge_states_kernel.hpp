@@ -49,7 +49,7 @@ struct merge_states_kernel {
             detail::store8(ctx, p.merged + std::size_t(row) * p.head_dim + c, sum);
         }
         if (thread == 0 && p.merged_lse)
-            p.merged_lse[row] = total > 0.0f ? max_lse + ::logf(total) : detail::negative_infinity();
+            p.merged_lse[row] = detail::log_sum_exp(max_lse, total);
     }
 };
 

@@ -5,11 +5,15 @@
 
 #include "kvcache/backend/cpu/append.hpp"
 #include "kvcache/backend/cpu/attention.hpp"
+#include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/merge_states.hpp"
 #include "kvcache/backend/detail/call_checks.hpp"
 #include "kvcache/backend/operation_params.hpp"
 
 namespace kvcache {
+// In the ISA-keyed namespace of cpu/isa.hpp, like the kernels it calls: two
+// units built for different instruction sets each get their own backend.
+inline namespace KVCACHE_CPU_ISA_NAMESPACE {
 
 /// The CPU backend: same members and params as reference_backend,
 /// emulated_backend and cuda_backend. Every call checks its params first
@@ -55,7 +59,7 @@ public:
     template <class State, class Output>
     void merge(const merge_params<State, Output>& p) const {
         detail::check_call_merge(p);
-        cpu::detail::merge(p.states, p.rows, p.head_dim, p.outputs.data(), p.lse.data(), p.merged.data(),
+        cpu::detail::merge_rows(p.states, p.rows, p.head_dim, p.outputs.data(), p.lse.data(), p.merged.data(),
                            p.merged_lse.empty() ? nullptr : p.merged_lse.data());
     }
 
@@ -63,4 +67,5 @@ public:
     int threads() const { return cpu::detail::thread_pool::instance().threads(); }
 };
 
+}  // namespace KVCACHE_CPU_ISA_NAMESPACE
 }  // namespace kvcache

@@ -1,34 +1,38 @@
-// Float vectors for the CPU decode kernel: the widest registers the build
+// Float vectors for the CPU attention kernels: the widest registers the build
 // targets (AVX-512, else AVX2+FMA), else a plain 8-float array whose loops the
 // compiler maps to whatever it has (SSE2 in a plain x86-64 build). Binary16
 // rows widen on load: with F16C in hardware, else by the exact software
-// conversion of row_math.hpp. The kernel is written once against this.
+// conversion of row_math.hpp. The kernels are written once against this.
+// Everything here lives in the ISA-keyed inline namespace of isa.hpp, since
+// its layout and code change with -march.
 #pragma once
 
 #include <cstddef>
 #include <type_traits>
 
+#include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/core/half.hpp"
 
-#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#if KVCACHE_CPU_AVX2_FMA
 #include <immintrin.h>
 #endif
 
 namespace kvcache {
 namespace cpu {
 namespace detail {
+inline namespace KVCACHE_CPU_ISA_NAMESPACE {
 
 /// 8 float lanes.
 struct float8 {
     static constexpr int lanes = 8;
-#if defined(__AVX2__) && defined(__FMA__)
+#if KVCACHE_CPU_AVX2_FMA
     __m256 v;
     static float8 zero() noexcept { return {_mm256_setzero_ps()}; }
     static float8 broadcast(float x) noexcept { return {_mm256_set1_ps(x)}; }
     static float8 load(const float* p) noexcept { return {_mm256_loadu_ps(p)}; }
     static float8 load(const half* p) noexcept {
-#if defined(__F16C__)
+#if KVCACHE_CPU_F16C
         return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
 #else
         float widened[8];
@@ -80,7 +84,7 @@ struct float8 {
 #endif
 };
 
-#if defined(__AVX512F__)
+#if KVCACHE_CPU_AVX512
 /// 16 float lanes (AVX-512 builds only).
 struct float16 {
     static constexpr int lanes = 16;
@@ -115,7 +119,7 @@ inline constexpr int vector_registers = 16;
 /// The widest vector whose lane count divides Dim.
 template <int Dim>
 struct vector_for {
-#if defined(__AVX512F__)
+#if KVCACHE_CPU_AVX512
     using type = std::conditional_t<Dim % 16 == 0, float16, float8>;
 #else
     using type = float8;
@@ -131,6 +135,7 @@ inline void prefetch(const void* p) noexcept {
 #endif
 }
 
+}  // namespace KVCACHE_CPU_ISA_NAMESPACE
 }  // namespace detail
 }  // namespace cpu
 }  // namespace kvcache

@@ -140,8 +140,7 @@ struct attention_tile {
     /// Row r's log-sum-exp of its scores; -inf when it saw no key.
     template <class Stats>
     KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static float log_sum_exp(Stats& stats, int r) {
-        const float sum = stats[Rows + r];
-        return sum > 0.0f ? stats[r] + ::logf(sum) : negative_infinity();
+        return kvcache::detail::log_sum_exp(stats[r], stats[Rows + r]);
     }
 };
 

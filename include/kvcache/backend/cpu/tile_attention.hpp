@@ -1,0 +1,231 @@
+// One work item of the CPU attention: query rows that share a KV head (the
+// query heads of a GQA group in decode; query tokens x group in prefill),
+// each at its own position, stream that head's visible keys once, tile by
+// tile, with the FP32 online softmax. Decode and prefill differ only in which
+// rows they load and at which positions.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "kvcache/backend/cpu/isa.hpp"
+#include "kvcache/backend/cpu/key_tiles.hpp"
+#include "kvcache/backend/cpu/row_math.hpp"
+#include "kvcache/backend/cpu/simd.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/kernels/softmax_math.hpp"
+#include "kvcache/layout/layout_interface.hpp"
+
+namespace kvcache {
+namespace cpu {
+namespace detail {
+inline namespace KVCACHE_CPU_ISA_NAMESPACE {
+
+static_assert(tile_keys <= 32, "a tile's visibility is one 32-bit mask per query row");
+
+/// Query rows above which a binary16 tile is widened once into float rows
+/// instead of on every load: past two row blocks, each key row would be
+/// converted three times or more.
+inline constexpr int widen_tile_rows = 2 * row_block;
+
+/// The online-softmax state of `rows` query rows of head dimension Dim that
+/// share one KV head, and the loop that folds that head's keys into them.
+/// @tparam Dim head dimension (a multiple of 8)
+template <int Dim>
+class tile_attention {
+public:
+    explicit tile_attention(int rows)
+        : rows_(rows), floats_(std::size_t(rows) * (2 * Dim + tile_keys + 3)), positions_(rows),
+          masks_(std::size_t(rows) * (prefetch_tiles + 1)) {
+        std::fill(running_max(), running_max() + rows, kvcache::detail::negative_infinity());
+    }
+
+    /// Loads query row r, multiplied by the softmax scale, at logical position `position`.
+    /// @tparam Query float or kvcache::half
+    template <class Query>
+    void load(int r, const Query* query, float scale, int position) {
+        float* row = queries() + std::size_t(r) * Dim;
+        for (int d = 0; d < Dim; ++d) row[d] = to_float(query[d]) * scale;
+        positions_[r] = position;
+    }
+
+    /// Folds the visible keys [begin, end) of (sequence, kv_head) into every
+    /// row; a row sees a key when view.visibility() allows it at the row's
+    /// position. Tiles no row sees are neither fetched nor computed, and the
+    /// walk ends at the first key past every row's position.
+    /// @tparam Layout a layout view over host memory
+    template <class Layout>
+    void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap) {
+        using element = typename Layout::element_type;
+        constexpr int ring = prefetch_tiles + 1;
+        const attention_visibility visibility = view.visibility();
+        const int last_position = *std::max_element(positions_.begin(), positions_.end());
+        tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, last_position);
+        auto next_seen = [&](key_tile<element>& tile, std::uint32_t* masks) {
+            while (cursor.fill(tile))
+                if (visibility_masks(tile, visibility, masks)) return true;
+            return false;
+        };
+        // A ring of tiles: the one computed now and the ones whose rows were
+        // asked of memory ahead of it (distance prefetch_tiles).
+        key_tile<element> tiles[ring];
+        int filled = 0;
+        while (filled < ring && next_seen(tiles[filled], slot_masks(filled))) {
+            if (filled > 0) prefetch_tile<Dim>(tiles[filled]);
+            ++filled;
+        }
+        for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
+            if constexpr (std::is_same_v<element, half>) {
+                if (rows_ > widen_tile_rows) {
+                    fold(widened(tiles[current]), slot_masks(current), soft_cap);
+                } else {
+                    fold(tiles[current], slot_masks(current), soft_cap);
+                }
+            } else {
+                fold(tiles[current], slot_masks(current), soft_cap);
+            }
+            // The slot just used takes the next tile not yet asked for.
+            if (filled == ring && next_seen(tiles[current], slot_masks(current))) {
+                prefetch_tile<Dim>(tiles[current]);
+                ++filled;
+            }
+        }
+    }
+
+    /// Writes row r normalised (zeros when it saw no key) and, when lse is
+    /// not null, its log-sum-exp (-inf when it saw no key).
+    /// @tparam Output float or kvcache::half
+    template <class Output>
+    void store(int r, Output* output, float* lse) const {
+        const float sum = running_sum()[r];
+        const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float* accumulator = accumulators() + std::size_t(r) * Dim;
+        for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(accumulator[d] * inverse);
+        if (lse) *lse = kvcache::detail::log_sum_exp(running_max()[r], sum);
+    }
+
+private:
+    // floats_: queries [rows][Dim], accumulators [rows][Dim], scores
+    // [rows][tile_keys], running max, running sum and rescale [rows] each.
+    float* queries() noexcept { return floats_.data(); }
+    float* accumulators() noexcept { return floats_.data() + std::size_t(rows_) * Dim; }
+    const float* accumulators() const noexcept { return floats_.data() + std::size_t(rows_) * Dim; }
+    float* scores() noexcept { return floats_.data() + std::size_t(rows_) * 2 * Dim; }
+    float* running_max() noexcept { return scores() + std::size_t(rows_) * tile_keys; }
+    const float* running_max() const noexcept { return floats_.data() + std::size_t(rows_) * (2 * Dim + tile_keys); }
+    float* running_sum() noexcept { return running_max() + rows_; }
+    const float* running_sum() const noexcept { return running_max() + rows_; }
+    float* rescale() noexcept { return running_sum() + rows_; }
+    std::uint32_t* slot_masks(int slot) noexcept { return masks_.data() + std::size_t(slot) * rows_; }
+
+    /// Bit t of masks[r]: row r sees key t of the tile. True when any row sees any key.
+    template <class Element>
+    bool visibility_masks(const key_tile<Element>& tile, const attention_visibility& visibility,
+                          std::uint32_t* masks) const {
+        std::uint32_t any = 0;
+        for (int r = 0; r < rows_; ++r) {
+            if (r > 0 && positions_[r] == positions_[r - 1]) {  // the rows of one token (a GQA group) share it
+                masks[r] = masks[r - 1];
+                continue;
+            }
+            std::uint32_t mask = 0;
+            for (int t = 0; t < tile.count; ++t)
+                mask |= std::uint32_t(visibility.allows(positions_[r], tile.positions[t])) << t;
+            masks[r] = mask;
+            any |= mask;
+        }
+        return any != 0;
+    }
+
+    /// The tile with its binary16 rows converted once into float rows (same positions).
+    key_tile<float> widened(const key_tile<half>& tile) {
+        using vec = typename vector_for<Dim>::type;
+        if (widened_.empty()) widened_.resize(std::size_t(2) * tile_keys * Dim);
+        key_tile<float> result;
+        result.count = tile.count;
+        for (int t = 0; t < tile_keys; ++t) {
+            float* key = widened_.data() + std::size_t(t) * Dim;
+            float* value = key + std::size_t(tile_keys) * Dim;
+            result.keys[t] = key;
+            result.values[t] = value;
+            result.positions[t] = tile.positions[t];
+            if (t >= tile.count) {  // padding repeats the last row, as key_tile promises
+                result.keys[t] = result.keys[tile.count - 1];
+                result.values[t] = result.values[tile.count - 1];
+                continue;
+            }
+            for (int d = 0; d < Dim; d += vec::lanes) {
+                vec::load(tile.keys[t] + d).store(key + d);
+                vec::load(tile.values[t] + d).store(value + d);
+            }
+        }
+        return result;
+    }
+
+    /// One tile into every row that sees part of it: scores, mask and soft
+    /// cap, the online-softmax update, and the weighted values.
+    template <class Element>
+    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap) {
+        const float minus_infinity = kvcache::detail::negative_infinity();
+        // Fixed-width steps over the tile: whole groups of 8 for the lane reductions.
+        const int keys = (tile.count + 7) / 8 * 8;
+        float* const all_scores = scores();
+        for (int r0 = 0; r0 < rows_; r0 += row_block) {
+            const int rows = std::min(row_block, rows_ - r0);
+            if (!any_seen(masks + r0, rows)) continue;
+            with_row_block(rows, [&](auto block) {
+                tile_scores<decltype(block)::value, Dim>(queries() + std::size_t(r0) * Dim, tile, keys,
+                                                         all_scores + std::size_t(r0) * tile_keys);
+            });
+        }
+        for (int r = 0; r < rows_; ++r) {
+            float* row = all_scores + std::size_t(r) * tile_keys;
+            const std::uint32_t mask = masks[r];
+            if (mask == 0) {  // nothing seen here: weights 0, state unchanged
+                std::fill(row, row + keys, 0.0f);
+                rescale()[r] = 1.0f;
+                continue;
+            }
+            for (int t = 0; t < keys; ++t) {
+                const float logit = soft_cap > 0.0f ? kvcache::detail::apply_soft_cap(row[t], soft_cap) : row[t];
+                row[t] = (mask >> t) & 1u ? logit : minus_infinity;
+            }
+            const float block_max = lane_max(row, keys);
+            const float new_max = std::max(running_max()[r], block_max);
+            rescale()[r] = kvcache::detail::exp_difference(running_max()[r], new_max);
+            for (int t = 0; t < keys; ++t) row[t] -= new_max;
+            exp_non_positive(row, keys);
+            running_sum()[r] = running_sum()[r] * rescale()[r] + lane_sum(row, keys);
+            running_max()[r] = new_max;
+        }
+        for (int r0 = 0; r0 < rows_; r0 += row_block) {
+            const int rows = std::min(row_block, rows_ - r0);
+            if (!any_seen(masks + r0, rows)) continue;
+            with_row_block(rows, [&](auto block) {
+                tile_values<decltype(block)::value, Dim>(all_scores + std::size_t(r0) * tile_keys, rescale() + r0, tile,
+                                                         tile.count, accumulators() + std::size_t(r0) * Dim);
+            });
+        }
+    }
+
+    static bool any_seen(const std::uint32_t* masks, int rows) noexcept {
+        std::uint32_t any = 0;
+        for (int r = 0; r < rows; ++r) any |= masks[r];
+        return any != 0;
+    }
+
+    int rows_;
+    std::vector<float> floats_;
+    std::vector<int> positions_;
+    std::vector<std::uint32_t> masks_;  ///< [ring slot][rows]
+    std::vector<float> widened_;        ///< [2][tile_keys][Dim] float copies of a binary16 tile's K and V rows
+};
+
+}  // namespace KVCACHE_CPU_ISA_NAMESPACE
+}  // namespace detail
+}  // namespace cpu
+}  // namespace kvcache

@@ -55,6 +55,31 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
         return v;
     }
 
+    /// A view over memory the caller owns and lays out (another engine's
+    /// cache, a framework tensor): element (slot, kv_head, position, d) at
+    /// keys[slot * slot_stride + kv_head * head_stride + position * position_stride + d].
+    /// Token-major per sequence, as llama.cpp stores K and V, is
+    /// head_stride = head_dim, position_stride = kv_heads * head_dim; rows must
+    /// be head_dim contiguous elements. lengths (and slots, null for identity)
+    /// are the caller's too and must outlive the view; read-only attention
+    /// never writes through keys or values.
+    KVCACHE_HOST_DEVICE static constexpr contiguous_view strided(Element* keys, Element* values, const int* lengths,
+                                                                 int sequences, int capacity, std::int64_t slot_stride,
+                                                                 std::int64_t head_stride, std::int64_t position_stride,
+                                                                 const int* slots = nullptr) noexcept {
+        contiguous_view v;
+        v.keys = keys;
+        v.values = values;
+        v.lengths = lengths;
+        v.slots = slots;
+        v.sequences = sequences;
+        v.capacity = capacity;
+        v.slot_stride = slot_stride;
+        v.head_stride = head_stride;
+        v.position_stride = position_stride;
+        return v;
+    }
+
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
 

@@ -223,7 +223,7 @@ void check_window_mask(const Backend& backend, const std::string& name) {
     const auto queries = random_rows<half>(std::size_t(91) * heads::query_heads * heads::head_dim, 3.0f, 11);
     const std::vector<int> offsets = {0, 30, 91};
     auto check = [&](const auto& view, const char* layout) {
-        INFO(name << " " << layout << " cache with a window mask of " << window << " and " << sinks << " sinks");
+        INFO(name << " " << std::string(layout) << " cache with a window mask of " << window << " and " << sinks << " sinks");
         std::vector<half> outputs(queries.size());
         std::vector<float> lse(91 * heads::query_heads);
         prefill_params call(view, queries, offsets, outputs);

@@ -79,8 +79,10 @@ inline int current_multiprocessors() {
 /// (cudaMallocAsync), which CUDA graph capture does not allow.
 class cuda_backend {
 public:
-    /// A backend on the given stream (nullptr: the legacy default stream).
-    explicit cuda_backend(cudaStream_t stream = nullptr, span<float> workspace = {})
+    /// A backend on the legacy default stream, without workspace.
+    cuda_backend() noexcept = default;
+    /// A backend on the given stream (nullptr: the legacy default stream) and workspace.
+    explicit cuda_backend(cudaStream_t stream, span<float> workspace = {}) noexcept
         : stream_(stream), workspace_(workspace) {}
 
     /// Floats of workspace a decode with these params needs: 0 when it runs unsplit.
@@ -145,7 +147,7 @@ public:
     cudaStream_t stream() const noexcept { return stream_; }
 
 private:
-    cudaStream_t stream_;
+    cudaStream_t stream_ = nullptr;
     span<float> workspace_;
 };
 

@@ -46,7 +46,7 @@ struct filled_cache {
     int visible = 0;
     /// Attend-only plan of the batch (no new tokens), made once filled; its type is
     /// what cache.plan() returns (the contiguous_cache base's plan for static_cache).
-    decltype(std::declval<Cache&>().plan(std::vector<sequence_id>{})) plan;
+    typename Cache::plan_type plan;
 
     /// The view of layer 0 over the batch: the plan's, so views of several filled caches coexist.
     typename Cache::view_type view() const { return plan.view(0); }

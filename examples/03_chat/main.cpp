@@ -51,12 +51,9 @@ options:
   --help           this text
 )";
 
-/// attention_backend over one sequence of a paged cache that hands the token
-/// ids of every forward call to begin_append, so finished pages enter the
-/// prefix cache and later requests can match them. A step plan does not take
-/// token ids, so the positions are reserved here with their ids and the step
-/// runs over an attend-only plan (cache.plan(batch), which reserves nothing)
-/// with the new tokens' offsets given alongside.
+/// attention_backend over one sequence of a paged cache that plans every
+/// forward call with its token ids (replan_with_tokens), so finished pages
+/// enter the prefix cache and later requests can match them.
 class prefix_cached_attention final : public ex::attention_backend {
 public:
     prefix_cached_attention(chat_cache& cache, kvcache::sequence_id sequence) : cache_(cache), batch_{sequence} {}
@@ -65,12 +62,10 @@ public:
     void next_tokens(const int* ids) { ids_ = ids; }
 
     void begin_tokens(int first_position, int tokens) override {
-        const std::vector<std::int32_t> ids(ids_, ids_ + tokens);
-        const int first = cache_.begin_append(batch_[0], tokens, ids);
-        kvcache::require(first == first_position, kvcache::error_code::invalid_argument, "the cache is at position ",
-                         first, " but the model feeds position ", first_position);
-        cache_.replan(plan_, batch_);  // the tables of the step, every layer; reserves nothing more
-        offsets_[1] = tokens;          // the new tokens are rows [0, tokens) of the layer's arrays
+        const int length = cache_.length(batch_[0]);
+        kvcache::require(length == first_position, kvcache::error_code::invalid_argument, "the cache is at position ",
+                         length, " but the model feeds position ", first_position);
+        cache_.replan_with_tokens(plan_, batch_, {std::vector<std::int32_t>(ids_, ids_ + tokens)});
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
@@ -80,18 +75,17 @@ public:
         const kvcache::span<const float> queries(q, q_count), keys(k, kv_count), values(v, kv_count);
         const kvcache::span<float> outputs(out, q_count);
         const auto view = plan_.view(layer);
-        cpu_.append(kvcache::append_params(view, keys, values, offsets_));
+        cpu_.append(kvcache::append_params(view, keys, values, plan_.new_token_offsets()));
         if (tokens == 1)
             cpu_.decode(kvcache::decode_params(view, queries, outputs));
         else
-            cpu_.prefill(kvcache::prefill_params(view, queries, offsets_, outputs));
+            cpu_.prefill(kvcache::prefill_params(view, queries, plan_.new_token_offsets(), outputs));
     }
 
 private:
     chat_cache& cache_;
     std::vector<kvcache::sequence_id> batch_;
-    kvcache::step_plan<chat_cache> plan_;
-    std::vector<int> offsets_{0, 0};
+    chat_cache::plan_type plan_;
     kvcache::cpu_backend cpu_;
     const int* ids_ = nullptr;
 };

@@ -88,7 +88,7 @@ private:
     Cache& cache_;
     Device device_;
     std::vector<sequence_id> batch_;
-    plan_of<Cache> plan_;
+    typename Cache::plan_type plan_;
     std::vector<element> staging_, results_;
     buffer<element> inputs_, outputs_;
 };

@@ -26,13 +26,6 @@
 
 namespace kvcache::examples {
 
-/// The step plan type of a cache owner: what cache.plan() returns. For
-/// static_cache and dynamic_cache that is the plan of their base
-/// contiguous_cache (step_plan<static_cache<...>> does not build).
-/// @tparam Cache a kvcache owner
-template <class Cache>
-using plan_of = decltype(std::declval<Cache&>().plan(std::vector<sequence_id>{}));
-
 /// One layer's attention step of a plan on any backend object: appends the
 /// plan's new tokens' K/V rows through the layer's view, then decodes (one
 /// new token per sequence) or prefills. Buffers are where the backend reads
@@ -93,7 +86,7 @@ private:
     Cache& cache_;
     Backend backend_;
     std::vector<sequence_id> batch_;
-    plan_of<Cache> plan_;
+    typename Cache::plan_type plan_;
 };
 
 /// The CPU cached path's attention_backend.

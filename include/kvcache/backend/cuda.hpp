@@ -94,7 +94,8 @@ public:
         const int splits = kvcache::detail::decode_splits(p.view.sequence_count(), heads::kv_heads,
                                                           cuda::detail::current_multiprocessors(), p.options);
         if (splits <= 1) return 0;
-        return std::size_t(p.view.sequence_count()) * heads::query_heads * splits * (heads::head_dim + 1);
+        return kvcache::detail::decode_workspace_floats(std::size_t(p.view.sequence_count()) * heads::query_heads, splits,
+                                                        heads::head_dim);
     }
 
     /// Writes new tokens' K/V rows (see append_params).

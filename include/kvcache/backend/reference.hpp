@@ -172,25 +172,8 @@ public:
     /// @tparam Query float or kvcache::half
     template <class Layout, class Query>
     reference::attention_result decode_exact(const decode_params<Layout, Query>& p) const {
-        using heads = typename Layout::heads;
         detail::check_call_decode(p, false);
-        const Layout view = detail::masked(p.view, p.options);
-        const int batch = view.sequence_count();
-        reference::attention_result result;
-        result.outputs.assign(static_cast<std::size_t>(batch) * heads::query_heads * heads::head_dim, 0.0);
-        result.lse.assign(static_cast<std::size_t>(batch) * heads::query_heads, 0.0);
-        for (int b = 0; b < batch; ++b) {
-            const std::size_t row = static_cast<std::size_t>(b) * heads::query_heads;
-            if (view.length(b) == 0) {
-                for (int h = 0; h < heads::query_heads; ++h)
-                    result.lse[row + h] = -std::numeric_limits<double>::infinity();
-                continue;
-            }
-            reference::detail::attend_sequence(view, b, 1, p.queries.data() + row * heads::head_dim, nullptr,
-                                               p.options, result.outputs.data() + row * heads::head_dim,
-                                               result.lse.data() + row);
-        }
-        return result;
+        return decode_checked(p);
     }
 
     /// Prefill attention in double; outputs need not be given (not checked, not written).
@@ -198,23 +181,8 @@ public:
     /// @tparam Query float or kvcache::half
     template <class Layout, class Query>
     reference::attention_result prefill_exact(const prefill_params<Layout, Query>& p) const {
-        using heads = typename Layout::heads;
         detail::check_call_prefill(p, true, false);
-        const Layout view = detail::masked(p.view, p.options);
-        const int batch = view.sequence_count();
-        const int total = batch == 0 ? 0 : p.query_offsets[batch];
-        reference::attention_result result;
-        result.outputs.assign(static_cast<std::size_t>(total) * heads::query_heads * heads::head_dim, 0.0);
-        result.lse.assign(static_cast<std::size_t>(total) * heads::query_heads, 0.0);
-        for (int b = 0; b < batch; ++b) {
-            const int first = p.query_offsets[b], tokens = p.query_offsets[b + 1] - first;
-            const std::size_t row = static_cast<std::size_t>(first) * heads::query_heads;
-            reference::detail::attend_sequence(view, b, tokens, p.queries.data() + row * heads::head_dim,
-                                               p.query_positions.empty() ? nullptr : p.query_positions.data() + first,
-                                               p.options, result.outputs.data() + row * heads::head_dim,
-                                               result.lse.data() + row);
-        }
-        return result;
+        return prefill_checked(p);
     }
 
     /// Decode attention, results rounded to the queries' type.
@@ -223,7 +191,7 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
-        reference::detail::narrow(decode_exact(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data());
+        reference::detail::narrow(decode_checked(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data());
     }
 
     /// Prefill attention, results rounded to the queries' type.
@@ -232,7 +200,7 @@ public:
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
-        reference::detail::narrow(prefill_exact(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data());
+        reference::detail::narrow(prefill_checked(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data());
     }
 
     /// Merges partial states in double (see merge_params).
@@ -263,6 +231,51 @@ public:
             if (!p.merged_lse.empty())
                 p.merged_lse[r] = total > 0 ? float(max_lse + std::log(total)) : -std::numeric_limits<float>::infinity();
         }
+    }
+
+private:
+    // The exact results of a call whose params were checked (the public
+    // members check once, with or without the outputs).
+    template <class Layout, class Query>
+    static reference::attention_result decode_checked(const decode_params<Layout, Query>& p) {
+        using heads = typename Layout::heads;
+        const Layout view = detail::masked(p.view, p.options);
+        const int batch = view.sequence_count();
+        reference::attention_result result;
+        result.outputs.assign(static_cast<std::size_t>(batch) * heads::query_heads * heads::head_dim, 0.0);
+        result.lse.assign(static_cast<std::size_t>(batch) * heads::query_heads, 0.0);
+        for (int b = 0; b < batch; ++b) {
+            const std::size_t row = static_cast<std::size_t>(b) * heads::query_heads;
+            if (view.length(b) == 0) {
+                for (int h = 0; h < heads::query_heads; ++h)
+                    result.lse[row + h] = -std::numeric_limits<double>::infinity();
+                continue;
+            }
+            reference::detail::attend_sequence(view, b, 1, p.queries.data() + row * heads::head_dim, nullptr,
+                                               p.options, result.outputs.data() + row * heads::head_dim,
+                                               result.lse.data() + row);
+        }
+        return result;
+    }
+
+    template <class Layout, class Query>
+    static reference::attention_result prefill_checked(const prefill_params<Layout, Query>& p) {
+        using heads = typename Layout::heads;
+        const Layout view = detail::masked(p.view, p.options);
+        const int batch = view.sequence_count();
+        const int total = batch == 0 ? 0 : p.query_offsets[batch];
+        reference::attention_result result;
+        result.outputs.assign(static_cast<std::size_t>(total) * heads::query_heads * heads::head_dim, 0.0);
+        result.lse.assign(static_cast<std::size_t>(total) * heads::query_heads, 0.0);
+        for (int b = 0; b < batch; ++b) {
+            const int first = p.query_offsets[b], tokens = p.query_offsets[b + 1] - first;
+            const std::size_t row = static_cast<std::size_t>(first) * heads::query_heads;
+            reference::detail::attend_sequence(view, b, tokens, p.queries.data() + row * heads::head_dim,
+                                               p.query_positions.empty() ? nullptr : p.query_positions.data() + first,
+                                               p.options, result.outputs.data() + row * heads::head_dim,
+                                               result.lse.data() + row);
+        }
+        return result;
     }
 };
 

@@ -101,16 +101,7 @@ public:
         return first;
     }
 
-    /// write() from rows of the other element type (float rows into a half
-    /// cache, or half into float), converted on the way in.
-    /// @tparam Keys a sized buffer of float or kvcache::half
-    /// @tparam Values a sized buffer of the same element type
-    template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
-    void write(sequence_id id, int layer, int first, const Keys& key_rows, const Values& value_rows, int n) {
-        const std::vector<Element> keys = base::converted_rows(key_rows), values = base::converted_rows(value_rows);
-        write(id, layer, first, span<const Element>(keys), span<const Element>(values), n);
-    }
-
+    using base::write;  // also from rows of the other element type, converted
     /// Writes rows of positions [first, first + n) of one layer from host
     /// arrays [token][kv_head][head_dim]; the positions must be below length().
     void write(sequence_id id, int layer, int first, span<const Element> key_rows, span<const Element> value_rows, int n) {

@@ -102,6 +102,16 @@ public:
         append(id, layer, span<const Element>(key_rows), span<const Element>(value_rows), n);
     }
 
+    /// Derived's write() from rows of the other element type (float rows into
+    /// a half cache, or half into float), converted on the way in.
+    /// @tparam Keys a sized buffer of float or kvcache::half
+    /// @tparam Values a sized buffer of the same element type
+    template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
+    void write(sequence_id id, int layer, int first, const Keys& key_rows, const Values& value_rows, int n) {
+        const std::vector<Element> keys = converted_rows(key_rows), values = converted_rows(value_rows);
+        derived().write(id, layer, first, span<const Element>(keys), span<const Element>(values), n);
+    }
+
     /// Removes every sequence not in keep; throws not_found (and removes
     /// nothing) when an id in keep is unknown.
     void keep_only(const std::vector<sequence_id>& keep) {

@@ -42,17 +42,9 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     /// Strides of the packed [slot][kv_head][position][head_dim] order for the given capacity.
     KVCACHE_HOST_DEVICE static constexpr contiguous_view packed(Element* keys, Element* values, const int* lengths,
                                                                 const int* slots, int sequences, int capacity) noexcept {
-        contiguous_view v;
-        v.keys = keys;
-        v.values = values;
-        v.lengths = lengths;
-        v.slots = slots;
-        v.sequences = sequences;
-        v.capacity = capacity;
-        v.position_stride = Heads::head_dim;
-        v.head_stride = std::int64_t(capacity) * Heads::head_dim;
-        v.slot_stride = std::int64_t(Heads::kv_heads) * v.head_stride;
-        return v;
+        const std::int64_t head_stride = std::int64_t(capacity) * Heads::head_dim;
+        return strided(keys, values, lengths, sequences, capacity, std::int64_t(Heads::kv_heads) * head_stride,
+                       head_stride, Heads::head_dim, slots);
     }
 
     /// A view over memory the caller owns and lays out (another engine's

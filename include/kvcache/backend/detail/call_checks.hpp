@@ -126,10 +126,11 @@ int check_offsets(const Layout& view, span<const int> offsets, const char* field
     return offsets[batch];
 }
 
-/// append: keys and values hold total tokens x kv_heads x head_dim.
+/// append: keys and values hold total tokens x kv_heads x head_dim. Returns
+/// the total tokens (-1 when the offsets are device memory).
 /// @tparam Layout a layout view
 template <class Layout>
-void check_append(const Layout& view, std::size_t keys, std::size_t values, span<const int> offsets, bool host_lengths,
+int check_append(const Layout& view, std::size_t keys, std::size_t values, span<const int> offsets, bool host_lengths,
                   bool tokens_within_length = true) {
     using heads = typename Layout::heads;
     const int total = check_offsets(view, offsets, "new_token_offsets", "appends", host_lengths, tokens_within_length);
@@ -137,10 +138,11 @@ void check_append(const Layout& view, std::size_t keys, std::size_t values, span
     if (total < 0) {  // offsets on the device: at least the two buffers must agree and be whole rows
         require(keys == values && keys % row == 0, error_code::invalid_argument, "keys (", keys, " elements) and values (",
                 values, ") must hold the same whole rows of ", row, " elements");
-        return;
+        return total;
     }
     require_elements(keys, total, row, "keys", "new tokens x (kv_heads x head_dim)");
     require_elements(values, total, row, "values", "new tokens x (kv_heads x head_dim)");
+    return total;
 }
 
 /// decode: queries and outputs hold batch x query_heads x head_dim; lse, when asked for, batch x query_heads.
@@ -159,9 +161,10 @@ void check_decode(const Layout& view, std::size_t queries, std::size_t outputs, 
 }
 
 /// prefill: queries and outputs hold total tokens x query_heads x head_dim; lse total tokens x query_heads.
+/// Returns the total tokens (-1 when the offsets are device memory).
 /// @tparam Layout a layout view
 template <class Layout>
-void check_prefill(const Layout& view, std::size_t queries, span<const int> offsets, std::size_t outputs,
+int check_prefill(const Layout& view, std::size_t queries, span<const int> offsets, std::size_t outputs,
                    bool with_lse, std::size_t lse_size, const attention_options& options, bool host_lengths,
                    bool tokens_within_length = true) {
     using heads = typename Layout::heads;
@@ -172,11 +175,12 @@ void check_prefill(const Layout& view, std::size_t queries, span<const int> offs
         require(outputs >= queries && queries % row == 0, error_code::invalid_argument, "queries (", queries,
                 " elements) must be whole rows of ", row, " and outputs (", outputs, ") at least as large");
         if (with_lse) require_elements(lse_size, std::int64_t(queries / row), heads::query_heads, "lse", "query tokens x query_heads");
-        return;
+        return total;
     }
     require_elements(queries, total, row, "queries", "query tokens x (query_heads x head_dim)");
     require_elements(outputs, total, row, "outputs", "query tokens x (query_heads x head_dim)");
     if (with_lse) require_elements(lse_size, total, heads::query_heads, "lse", "query tokens x query_heads");
+    return total;
 }
 
 /// merge_states: outputs [states][rows][head_dim], lse [states][rows], merged [rows][head_dim], merged_lse [rows].
@@ -193,19 +197,16 @@ inline void check_merge(int states, int rows, int head_dim, std::size_t outputs,
 }
 
 /// Explicit positions of a call (append's positions, prefill's
-/// query_positions): none, or one per token. On the host each is also checked:
-/// append positions against the sequence's length, query positions >= 0.
+/// query_positions): none, or one per token of the total check_offsets
+/// returned; each is also checked to be >= 0 and, for append, inside its
+/// sequence. Offsets in device memory (total < 0) cannot be read: nothing is checked.
 /// @tparam Layout a layout view
 template <class Layout>
 void check_positions(const Layout& view, span<const int> positions, span<const int> offsets, int total,
-                     const char* field, bool within_length, bool host_memory) {
-    if (positions.empty()) return;
-    if (total < 0) {  // offsets on the device: the count cannot be known here, only that entries exist
-        return;
-    }
+                     const char* field, bool within_length) {
+    if (positions.empty() || total < 0) return;
     require(positions.size() == std::size_t(total), error_code::invalid_argument, field, " has ", positions.size(),
             " entries but the batch has ", total, " tokens (one each, or none)");
-    if (!host_memory) return;
     for (int b = 0; b < view.sequence_count(); ++b)
         for (int i = offsets[b]; i < offsets[b + 1]; ++i) {
             const int position = positions[i];
@@ -223,9 +224,9 @@ void check_positions(const Layout& view, span<const int> positions, span<const i
 /// @tparam Params an append_params
 template <class Params>
 void check_call_append(const Params& p, bool host_memory) {
-    check_append(p.view, p.keys.size(), p.values.size(), p.new_token_offsets, host_memory, p.positions.empty());
-    const int total = host_memory ? (p.view.sequence_count() == 0 ? 0 : p.new_token_offsets[p.view.sequence_count()]) : -1;
-    check_positions(p.view, p.positions, p.new_token_offsets, total, "positions", true, host_memory);
+    const int total =
+        check_append(p.view, p.keys.size(), p.values.size(), p.new_token_offsets, host_memory, p.positions.empty());
+    check_positions(p.view, p.positions, p.new_token_offsets, total, "positions", true);
 }
 
 /// Every check of a decode_params call; check_outputs false: the outputs are
@@ -242,10 +243,9 @@ void check_call_decode(const Params& p, bool check_outputs = true) {
 template <class Params>
 void check_call_prefill(const Params& p, bool host_memory, bool check_outputs = true) {
     const std::size_t outputs = check_outputs ? p.outputs.size() : p.queries.size();
-    check_prefill(p.view, p.queries.size(), p.query_offsets, outputs, check_outputs && !p.lse.empty(), p.lse.size(),
-                  p.options, host_memory, p.query_positions.empty());
-    const int total = host_memory ? (p.view.sequence_count() == 0 ? 0 : p.query_offsets[p.view.sequence_count()]) : -1;
-    check_positions(p.view, p.query_positions, p.query_offsets, total, "query_positions", false, host_memory);
+    const int total = check_prefill(p.view, p.queries.size(), p.query_offsets, outputs, check_outputs && !p.lse.empty(),
+                                    p.lse.size(), p.options, host_memory, p.query_positions.empty());
+    check_positions(p.view, p.query_positions, p.query_offsets, total, "query_positions", false);
 }
 
 /// Every check of a merge_params call.

@@ -36,6 +36,12 @@ inline int spread_blocks(int batch, int kv_heads, int multiprocessors) {
     return std::max(1, std::min(1024, (target + items - 1) / items));
 }
 
+/// Floats of workspace a split decode writes: a partial output and an lse
+/// per (query row, split).
+inline std::size_t decode_workspace_floats(std::size_t rows, int splits, int head_dim) {
+    return rows * std::size_t(splits) * std::size_t(head_dim + 1);
+}
+
 inline void check_batch(int batch) {
     require(batch >= 0 && batch <= 65535, error_code::invalid_argument, "batch of ", batch,
             " sequences exceeds the grid limit of 65535");
@@ -76,7 +82,7 @@ void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Qu
         return;
     }
     const std::size_t rows = std::size_t(batch) * heads::query_heads;
-    auto workspace = launcher.workspace(rows * splits * (heads::head_dim + 1));
+    auto workspace = launcher.workspace(decode_workspace_floats(rows, splits, heads::head_dim));
     params.partial_outputs = workspace.data();
     params.partial_lse = workspace.data() + rows * splits * heads::head_dim;
     launcher.template launch<body>(grid, body::shared_bytes, params);

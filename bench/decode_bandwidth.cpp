@@ -76,7 +76,7 @@ void run_decode_bandwidth(const options& opts, report& out) {
             std::printf("\n");
             for (int batch : batches)
                 for (int context : contexts) {
-                    const std::size_t row_bytes = 2 * bench_heads::kv_heads * bench_heads::head_dim *
+                    const std::size_t row_bytes = 2 * bench_heads::kv_heads() * bench_heads::head_dim *
                                                   (element == element_kind::fp16 ? 2 : 4);
                     const std::size_t needed = std::size_t(batch) * context * row_bytes;
                     const std::size_t available = available_memory_bytes();
@@ -88,7 +88,7 @@ void run_decode_bandwidth(const options& opts, report& out) {
                     }
                     with_filled_cache(layout, element, batch, context, [&](auto& filled) {
                         const auto view = filled.view();
-                        const std::size_t q_elements = std::size_t(batch) * bench_heads::query_heads * bench_heads::head_dim;
+                        const std::size_t q_elements = std::size_t(batch) * bench_heads::query_heads() * bench_heads::head_dim;
                         const std::vector<float> queries = random_floats(q_elements, 7);
                         std::vector<float> outputs(q_elements);
                         const cpu_backend cpu;

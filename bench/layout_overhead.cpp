@@ -27,7 +27,7 @@ void compare_layouts(const options& opts, report& out, int batch, int context) {
     const auto paged_view = paged.view();
     const auto paged_64_view = paged_64.view();
     const auto sliding_view = sliding.view();
-    const std::size_t q_elements = std::size_t(batch) * bench_heads::query_heads * bench_heads::head_dim;
+    const std::size_t q_elements = std::size_t(batch) * bench_heads::query_heads() * bench_heads::head_dim;
     const std::vector<float> queries = random_floats(q_elements, 11);
     std::vector<float> outputs(q_elements);
     const cpu_backend cpu;

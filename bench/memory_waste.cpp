@@ -22,7 +22,7 @@ namespace {
 // keeps the static cache's full reservation cheap to allocate.
 using waste_heads = head_config<1, 1, 8>;
 using waste_element = half;
-constexpr std::size_t row_bytes = 2 * waste_heads::kv_heads * waste_heads::head_dim * sizeof(waste_element);
+constexpr std::size_t row_bytes = 2 * waste_heads::kv_heads() * waste_heads::head_dim * sizeof(waste_element);
 
 /// A workload: requests in flight, each somewhere inside its generation.
 struct workload {

@@ -21,8 +21,8 @@ void prefill_chunks(const options& opts, report& out, int prefix, const std::vec
     auto filled = make_paged<Element>(1, prefix + longest);  // pages for the longest chunk too
     paged_cache<Element, heads>& cache = *filled.cache;
     const sequence_id id = filled.batch[0];
-    constexpr std::size_t q_row = std::size_t(heads::query_heads) * heads::head_dim;
-    constexpr std::size_t kv_row = std::size_t(heads::kv_heads) * heads::head_dim;
+    constexpr std::size_t q_row = std::size_t(heads::query_heads()) * heads::head_dim;
+    constexpr std::size_t kv_row = std::size_t(heads::kv_heads()) * heads::head_dim;
     for (int chunk : chunks) {
         const std::vector<float> queries = random_floats(chunk * q_row, 3);
         const std::vector<float> keys = random_floats(chunk * kv_row, 4), values = random_floats(chunk * kv_row, 5);
@@ -40,7 +40,7 @@ void prefill_chunks(const options& opts, report& out, int prefix, const std::vec
         // Causal: chunk token i sees prefix + i + 1 keys; QK^T and PV cost
         // 2 * head_dim multiply-adds per key and query head each.
         const double keys_seen = double(chunk) * prefix + double(chunk) * (chunk + 1) / 2.0;
-        const double flops = 4.0 * heads::query_heads * heads::head_dim * keys_seen;
+        const double flops = 4.0 * heads::query_heads() * heads::head_dim * keys_seen;
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_chunk", t, 1e3);
         metrics["tokens_per_s"] = chunk / t.median;

@@ -52,7 +52,7 @@ struct filled_cache {
     typename Cache::view_type view() const { return plan.view(0); }
     /// Bytes of K and V a decode step over the batch reads.
     std::size_t kv_bytes() const {
-        return std::size_t(batch.size()) * std::size_t(visible) * 2 * Cache::heads::kv_heads * Cache::heads::head_dim *
+        return std::size_t(batch.size()) * std::size_t(visible) * 2 * Cache::heads::kv_heads() * Cache::heads::head_dim *
                sizeof(typename Cache::element_type);
     }
 };
@@ -63,7 +63,7 @@ namespace detail {
 template <class Cache>
 void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int rows_per_sequence) {
     using element = typename Cache::element_type;
-    constexpr std::size_t row = std::size_t(Cache::heads::kv_heads) * Cache::heads::head_dim;
+    constexpr std::size_t row = std::size_t(Cache::heads::kv_heads()) * Cache::heads::head_dim;
     const std::vector<float> floats = random_floats(std::size_t(rows_per_sequence) * row * 2, 42);
     std::vector<element> keys(std::size_t(rows_per_sequence) * row), values(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {

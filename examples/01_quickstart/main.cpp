@@ -27,7 +27,7 @@ int quickstart(int tokens, int page_size, unsigned seed) {
     std::mt19937 random(seed);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     auto fill = [&](std::size_t n) { std::vector<float> v(n); for (auto& x : v) x = uniform(random); return v; };
-    const std::size_t kv_row = heads::kv_heads * heads::head_dim, q_row = heads::query_heads * heads::head_dim;
+    const std::size_t kv_row = heads::kv_heads() * heads::head_dim, q_row = heads::query_heads() * heads::head_dim;
     const std::vector<float> keys = fill(tokens * kv_row), values = fill(tokens * kv_row);
     const std::vector<float> query = fill(q_row), new_key = fill(kv_row), new_value = fill(kv_row);
 
@@ -52,7 +52,7 @@ int quickstart(int tokens, int page_size, unsigned seed) {
         max_difference = std::max(max_difference, std::fabs(output[i] - exact.outputs[i]));
 
     std::printf("paged cache: %d tokens in %zu pages of %d, %d query heads / %d KV heads, head_dim %d\n",
-                cache.length(sequence), cache.pages(sequence).size(), page_size, heads::query_heads, heads::kv_heads,
+                cache.length(sequence), cache.pages(sequence).size(), page_size, heads::query_heads(), heads::kv_heads(),
                 heads::head_dim);
     std::printf("decode output, query head 0, first 8 of %d:", heads::head_dim);
     for (int d = 0; d < 8; ++d) std::printf(" %+.4f", output[d]);

@@ -70,8 +70,8 @@ public:
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
         using heads = chat_cache::heads;
-        const std::size_t q_count = std::size_t(tokens) * heads::query_heads * heads::head_dim;
-        const std::size_t kv_count = std::size_t(tokens) * heads::kv_heads * heads::head_dim;
+        const std::size_t q_count = std::size_t(tokens) * heads::query_heads() * heads::head_dim;
+        const std::size_t kv_count = std::size_t(tokens) * heads::kv_heads() * heads::head_dim;
         const kvcache::span<const float> queries(q, q_count), keys(k, kv_count), values(v, kv_count);
         const kvcache::span<float> outputs(out, q_count);
         const auto view = plan_.view(layer);

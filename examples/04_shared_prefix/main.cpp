@@ -31,8 +31,8 @@ namespace ex = kvcache::examples;
 namespace {
 
 using heads = kvcache::head_config<8, 2, 64>;
-constexpr int kv_row = heads::kv_heads * heads::head_dim;
-constexpr int q_row = heads::query_heads * heads::head_dim;
+constexpr int kv_row = heads::kv_heads() * heads::head_dim;
+constexpr int q_row = heads::query_heads() * heads::head_dim;
 
 const char* usage = R"(usage: 04_shared_prefix [options]
 
@@ -175,7 +175,7 @@ bool cascade(Cache& cache, kvcache::sequence_id root, const std::vector<kvcache:
              const settings& s) {
     using element = typename Cache::element_type;
     const kvcache::cpu_backend cpu;
-    const int R = static_cast<int>(forks.size()), rows = R * heads::query_heads;
+    const int R = static_cast<int>(forks.size()), rows = R * heads::query_heads();
     const int prefix = cache.length(root);
 
     // Each request's suffix (its own rows past the prompt) in a sequence of its own, so a view
@@ -256,7 +256,7 @@ bool cascade(Cache& cache, kvcache::sequence_id root, const std::vector<kvcache:
     // K/V bytes read, counted from the lengths: per-request attention streams prompt + suffix
     // of every request; the CPU prefill streams a KV head's rows once per block of
     // prefill_block_tokens query tokens, so the prompt is read once per block of the batch's queries.
-    const double row_bytes = 2.0 * heads::kv_heads * heads::head_dim * sizeof(element);  // K and V
+    const double row_bytes = 2.0 * heads::kv_heads() * heads::head_dim * sizeof(element);  // K and V
     long suffix_total = 0;
     for (int n : suffix_lengths) suffix_total += n;
     const int block = kvcache::cpu::detail::prefill_block_tokens;
@@ -318,7 +318,7 @@ int run(const settings& s) {
     const std::size_t page_bytes = shared.bytes_reserved() / std::size_t(shared.page_count());
 
     std::printf("paged cache: %d layers, %d query / %d KV heads, head_dim %d, %s, page %d tokens (%zu bytes a page, all layers)\n",
-                s.layers, heads::query_heads, heads::kv_heads, heads::head_dim,
+                s.layers, heads::query_heads(), heads::kv_heads(), heads::head_dim,
                 kvcache::to_string(kvcache::element_traits<Element>::kind), P, page_bytes);
     std::printf("system prompt: %d tokens in %d pages (%d full%s), written once into the root sequence\n", s.system,
                 system_pages, full_system_pages,

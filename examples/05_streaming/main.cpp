@@ -151,7 +151,7 @@ int run(int argc, char** argv) {
     for (auto& t : prompt) t = static_cast<int>(random.next() % static_cast<std::uint64_t>(config.vocab_size));
     const kvcache::attention_visibility visibility{window, sinks};
     const int final_length = prompt_tokens + new_tokens - 1;  // the last generated token is never fed
-    const std::size_t row_bytes = 2u * model_heads::kv_heads * model_heads::head_dim * sizeof(float) * layers;
+    const std::size_t row_bytes = 2u * model_heads::kv_heads() * model_heads::head_dim * sizeof(float) * layers;
 
     std::printf("model: Llama-architecture decoder, %s, random weights (seed %d)\n", config.describe().c_str(), seed);
     std::printf("cache: sliding window %d + %d sinks, fp32, kvcache CPU backend, %d threads\n", window, sinks,

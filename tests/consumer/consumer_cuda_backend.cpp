@@ -50,17 +50,17 @@ double run_on_device() {
     int* offsets = managed<int>(batch + 1);
     offsets[0] = 0;
     for (int b = 0; b < batch; ++b) lengths[b] = lengths_host[b], offsets[b + 1] = offsets[b] + lengths_host[b];
-    const std::size_t slab = std::size_t(batch) * heads::kv_heads * capacity * heads::head_dim;
+    const std::size_t slab = std::size_t(batch) * heads::kv_heads() * capacity * heads::head_dim;
     element* keys = managed<element>(slab);
     element* values = managed<element>(slab);
     const view_type view = view_type::packed(keys, values, lengths, nullptr, batch, capacity);
 
-    const std::size_t rows = std::size_t(offsets[batch]) * heads::kv_heads * heads::head_dim;
+    const std::size_t rows = std::size_t(offsets[batch]) * heads::kv_heads() * heads::head_dim;
     element* new_keys = managed<element>(rows);
     element* new_values = managed<element>(rows);
     for (std::size_t i = 0; i < rows; ++i)
         new_keys[i] = element(std::sin(0.011f * float(i))), new_values[i] = element(std::cos(0.017f * float(i)));
-    const std::size_t query_elements = std::size_t(batch) * heads::query_heads * heads::head_dim;
+    const std::size_t query_elements = std::size_t(batch) * heads::query_heads() * heads::head_dim;
     element* queries = managed<element>(query_elements);
     element* outputs = managed<element>(query_elements);
     for (std::size_t i = 0; i < query_elements; ++i) queries[i] = element(2.0f * std::sin(0.029f * float(i)));

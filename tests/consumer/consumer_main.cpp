@@ -10,7 +10,7 @@
 
 int main() {
     using heads = kvcache::head_config<32, 8, 128>;
-    static_assert(heads::group_size == 4, "GQA group of Llama-3-8B");
+    static_assert(heads::group_size() == 4, "GQA group of Llama-3-8B");
     const kvcache::half h(1.5f);
     const float back = static_cast<float>(h);
 
@@ -18,8 +18,8 @@ int main() {
     kvcache::paged_cache<kvcache::half, heads> cache(/*layers=*/2, /*pages=*/8, /*page_size=*/16);
     const auto sequence = cache.add_sequence();
     const int prompt = 20;
-    std::vector<float> keys(prompt * heads::kv_heads * heads::head_dim), values(keys.size());
-    std::vector<float> queries(prompt * heads::query_heads * heads::head_dim), outputs(queries.size());
+    std::vector<float> keys(prompt * heads::kv_heads() * heads::head_dim), values(keys.size());
+    std::vector<float> queries(prompt * heads::query_heads() * heads::head_dim), outputs(queries.size());
     for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::sin(0.01f * i), values[i] = std::cos(0.02f * i);
     for (std::size_t i = 0; i < queries.size(); ++i) queries[i] = std::sin(0.03f * i);
     const kvcache::cpu_backend cpu;
@@ -38,7 +38,7 @@ int main() {
     // The generated header must carry the project version (and, installed, the package's: find_package asked EXACT).
     const bool same_version = std::strcmp(kvcache::version::string, KVCACHE_EXPECTED_VERSION) == 0;
     std::printf("kvcache %s consumer: group %d, half round trip %.2f, prefill %s the reference (%.1e)\n",
-                kvcache::version::string, heads::group_size, back, close ? "matches" : "DIFFERS FROM",
+                kvcache::version::string, heads::group_size(), back, close ? "matches" : "DIFFERS FROM",
                 largest_difference);
     if (!same_version)
         std::printf("kvcache/version.hpp says %s, the package %s\n", kvcache::version::string, KVCACHE_EXPECTED_VERSION);

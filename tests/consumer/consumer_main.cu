@@ -4,4 +4,4 @@
 
 __global__ void widen(const kvcache::half* in, float* out) { out[threadIdx.x] = static_cast<float>(in[threadIdx.x]); }
 
-int consumer_cuda_compiled() { return kvcache::head_config<8, 1, 64>::group_size; }
+int consumer_cuda_compiled() { return kvcache::head_config<8, 1, 64>::group_size(); }

@@ -38,11 +38,11 @@ TEST_CASE("element traits") {
 
 TEST_CASE("compile-time head configurations") {
     using llama3 = head_config<32, 8, 128>;
-    static_assert(llama3::group_size == 4);
+    static_assert(llama3::group_size() == 4);
     using mqa = head_config<8, 1, 64>;
-    static_assert(mqa::group_size == 8);
+    static_assert(mqa::group_size() == 8);
     using odd_group = head_config<35, 5, 56>;  // group 7, head dim 56
-    static_assert(odd_group::group_size == 7);
+    static_assert(odd_group::group_size() == 7);
     CHECK(shape_of<llama3>() == head_shape{32, 8, 128});
     CHECK(shape_of<odd_group>().to_string() == "35q/5kv/d56");
 }

@@ -18,7 +18,7 @@ using namespace kvcache;
 namespace {
 
 using heads = head_config<4, 2, 16>;
-constexpr std::size_t q_row = heads::query_heads * heads::head_dim, kv_row = heads::kv_heads * heads::head_dim;
+constexpr std::size_t q_row = heads::query_heads() * heads::head_dim, kv_row = heads::kv_heads() * heads::head_dim;
 
 /// Params with the optional fields filled, so each check reads as one line.
 template <class View, class Queries, class Outputs, class Lse>
@@ -111,7 +111,7 @@ TEST_CASE_TEMPLATE("kv_splits outside [0, 32] is refused the same way by every b
     for (int splits : {-1, 33, 1 << 30}) {
         attention_options options;
         options.kv_splits = splits;
-        std::vector<float> outputs(2 * q_row, 7.0f), lse(2 * heads::query_heads, 7.0f);
+        std::vector<float> outputs(2 * q_row, 7.0f), lse(2 * heads::query_heads(), 7.0f);
         const std::string message = error_of([&] { Backend{}.decode(decode_call(view, queries, outputs, lse, options)); });
         INFO(message);
         CHECK(contains(message, "kv_splits = " + std::to_string(splits)));
@@ -121,7 +121,7 @@ TEST_CASE_TEMPLATE("kv_splits outside [0, 32] is refused the same way by every b
     for (int splits : {0, 1, 32}) {
         attention_options options;
         options.kv_splits = splits;
-        std::vector<float> outputs(2 * q_row), lse(2 * heads::query_heads);
+        std::vector<float> outputs(2 * q_row), lse(2 * heads::query_heads());
         CHECK_NOTHROW(Backend{}.decode(decode_call(view, queries, outputs, lse, options)));
     }
 }
@@ -150,7 +150,7 @@ TEST_CASE_TEMPLATE("buffers one row short are refused before anything is written
     // decode: queries and outputs of 2 x q_row, lse of 2 x query_heads.
     const std::vector<float> queries(2 * q_row, 1.0f), short_queries(2 * q_row - 1, 1.0f);
     std::vector<float> outputs(2 * q_row, 7.0f), short_outputs(2 * q_row - 1, 7.0f);
-    std::vector<float> lse(2 * heads::query_heads, 7.0f), short_lse(2 * heads::query_heads - 1, 7.0f);
+    std::vector<float> lse(2 * heads::query_heads(), 7.0f), short_lse(2 * heads::query_heads() - 1, 7.0f);
     CHECK(contains(error_of([&] { Backend{}.decode(decode_call(view, short_queries, outputs, lse)); }), "queries holds"));
     CHECK(contains(error_of([&] { Backend{}.decode(decode_call(view, queries, short_outputs, lse)); }), "outputs holds"));
     CHECK(contains(error_of([&] { Backend{}.decode(decode_call(view, queries, outputs, short_lse)); }), "lse holds"));
@@ -191,7 +191,7 @@ TEST_CASE_TEMPLATE("per-sequence messages name the owner's sequence id", Backend
     CHECK(contains(message, "decreases at sequence 2 (batch entry 1)"));
     CHECK(s.rows() == before);
     const std::vector<float> queries(6 * q_row, 1.0f);
-    std::vector<float> outputs(6 * q_row), lse(6 * heads::query_heads);
+    std::vector<float> outputs(6 * q_row), lse(6 * heads::query_heads());
     message = error_of([&] { Backend{}.prefill(prefill_call(view, queries, std::vector<int>{0, 4, 5}, outputs, lse)); });
     CHECK(contains(message, "sequence 1 (batch entry 0) has 4 tokens but its length is 3"));
 }

@@ -77,7 +77,7 @@ void check_positions() {
         std::vector<int> tokens;
         for (int length : c.lengths) tokens.push_back(length < 16 ? 21 : 37);
         const query_set q = random_positions(c.lengths, tokens, seed++);
-        const std::size_t rows = q.positions.size() * Heads::query_heads;
+        const std::size_t rows = q.positions.size() * Heads::query_heads();
         const auto queries = random_rows<Element>(rows * Heads::head_dim, 3.0f, seed++);
         std::vector<Element> outputs(queries.size(), from_float<Element>(99.0f));
         std::vector<float> lse(rows, 99.0f);
@@ -112,7 +112,7 @@ TEST_CASE("cpu prefill without positions equals explicit positions at the last n
             for (int t = 0; t < c.chunk[b]; ++t) q.positions.push_back(c.lengths[b] - c.chunk[b] + t);
             q.offsets.push_back(q.offsets.back() + c.chunk[b]);
         }
-        const std::size_t rows = q.positions.size() * heads::query_heads;
+        const std::size_t rows = q.positions.size() * heads::query_heads();
         const auto queries = random_rows<float>(rows * heads::head_dim, 3.0f, 7);
         std::vector<float> implicit(queries.size()), implicit_lse(rows), positioned(queries.size()), positioned_lse(rows);
         prefill_params implicit_call(view, queries, q.offsets, implicit);
@@ -139,7 +139,7 @@ TEST_CASE("cascade: queries of other requests attend non-causally to one shared 
     query_set q;
     for (int t = 0; t < 70; ++t) q.positions.push_back(150 + (t * 37) % 500);
     q.offsets.push_back(70);
-    const std::size_t rows = 70 * heads::query_heads;
+    const std::size_t rows = 70 * heads::query_heads();
     const auto queries = random_rows<float>(rows * heads::head_dim, 3.0f, 11);
     std::vector<float> outputs(queries.size()), lse(rows);
     cpu_prefill_at(view, queries, q, outputs, lse, attention_options{});
@@ -158,7 +158,7 @@ TEST_CASE("cpu prefill at explicit positions: one thread and several agree bit f
     const auto view = cache->view();
     fill_cache(view, 13);
     const query_set q = random_positions(c.lengths, {45, 33}, 14);
-    const std::size_t rows = q.positions.size() * heads::query_heads;
+    const std::size_t rows = q.positions.size() * heads::query_heads();
     const auto queries = random_rows<float>(rows * heads::head_dim, 3.0f, 15);
     std::vector<float> one(queries.size()), one_lse(rows), several(queries.size()), several_lse(rows);
     cpu::set_thread_count(1);
@@ -175,7 +175,7 @@ TEST_CASE("explicit query positions: checks name the bad entry") {
     context_case c{"short", {5}, 0, 0, 16, {1}, {}};
     auto cache = contiguous_factory::make<float, heads>(c, 1);
     const auto view = cache->view();
-    const std::vector<float> queries(2 * heads::query_heads * heads::head_dim);
+    const std::vector<float> queries(2 * heads::query_heads() * heads::head_dim);
     std::vector<float> outputs(queries.size());
     const std::vector<int> offsets = {0, 2};
     const std::vector<int> negative = {3, -1}, short_positions = {3};
@@ -190,7 +190,7 @@ TEST_CASE("explicit query positions: checks name the bad entry") {
                          kvcache::error);
     // More query tokens than keys is fine with positions, refused without.
     const std::vector<int> many = {0, 7}, many_positions = {9, 9, 9, 9, 9, 9, 9};
-    const std::vector<float> seven(7 * heads::query_heads * heads::head_dim);
+    const std::vector<float> seven(7 * heads::query_heads() * heads::head_dim);
     std::vector<float> seven_outputs(seven.size());
     prefill_params with_positions(view, seven, many, seven_outputs);
     with_positions.query_positions = many_positions;

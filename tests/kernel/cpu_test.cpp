@@ -41,8 +41,8 @@ TEST_CASE("cpu backend gives the same answer on one thread and on several, split
     context_case c{"long", {700}, 0, 0, 16, {1}, {}};
     auto cache = scatter_factory::make<half, heads>(c, 3);
     fill_cache(cache->view(), 4);
-    const auto queries = random_rows<float>(heads::query_heads * heads::head_dim, 3.0f, 5);
-    std::vector<float> outputs(queries.size()), lse(heads::query_heads);
+    const auto queries = random_rows<float>(heads::query_heads() * heads::head_dim, 3.0f, 5);
+    std::vector<float> outputs(queries.size()), lse(heads::query_heads());
     decode_params call(cache->view(), queries, outputs);
     call.lse = lse;
     const auto expected = reference_backend{}.decode_exact(call);

@@ -14,12 +14,12 @@ using namespace kvcache;
 
 namespace {
 using heads = head_config<4, 2, 16>;
-constexpr std::size_t q_row = heads::query_heads * heads::head_dim;
+constexpr std::size_t q_row = heads::query_heads() * heads::head_dim;
 }  // namespace
 
 TEST_CASE("a strided view over memory laid out token-major (as llama.cpp stores K and V) attends like the cache") {
     // Two sequences in one buffer per K and V: [sequence][position][kv_head][head_dim], capacity 32.
-    constexpr int capacity = 32, dim = heads::head_dim, kv = heads::kv_heads;
+    constexpr int capacity = 32, dim = heads::head_dim, kv = heads::kv_heads();
     const std::vector<int> lengths = {19, 7};
     std::vector<float> keys(2 * capacity * kv * dim), values(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i)

@@ -50,7 +50,7 @@ int run() {
     const int pages = page_offsets[batch];
     int* page_indices = managed<int>(pages);
     for (int i = 0; i < pages; ++i) page_indices[i] = pages - 1 - i;  // reversed pool order
-    const std::size_t pool = std::size_t(pages) * heads::kv_heads * page_size * heads::head_dim;
+    const std::size_t pool = std::size_t(pages) * heads::kv_heads() * page_size * heads::head_dim;
     element* keys = managed<element>(pool);
     element* values = managed<element>(pool);
     const view_type view = view_type::packed(keys, values, page_offsets, page_indices, lengths, batch, page_size);
@@ -59,7 +59,7 @@ int run() {
     int* offsets = managed<int>(batch + 1);
     offsets[0] = 0;
     for (int b = 0; b < batch; ++b) offsets[b + 1] = offsets[b] + lengths_host[b];
-    const std::size_t rows = std::size_t(offsets[batch]) * heads::kv_heads * heads::head_dim;
+    const std::size_t rows = std::size_t(offsets[batch]) * heads::kv_heads() * heads::head_dim;
     element* new_keys = managed<element>(rows);
     element* new_values = managed<element>(rows);
     unsigned state = 7;
@@ -72,12 +72,12 @@ int run() {
     int* query_offsets = managed<int>(batch + 1);
     query_offsets[0] = 0;
     for (int b = 0; b < batch; ++b) query_offsets[b + 1] = query_offsets[b] + chunk_host[b];
-    const std::size_t prefill_rows = std::size_t(query_offsets[batch]) * heads::query_heads;
+    const std::size_t prefill_rows = std::size_t(query_offsets[batch]) * heads::query_heads();
     element* queries = managed<element>(prefill_rows * heads::head_dim);
     for (std::size_t i = 0; i < prefill_rows * heads::head_dim; ++i) queries[i] = element(3.0f * next_random(state));
     element* prefill_out = managed<element>(prefill_rows * heads::head_dim);
-    element* decode_out = managed<element>(std::size_t(batch) * heads::query_heads * heads::head_dim);
-    const std::size_t decode_elements = std::size_t(batch) * heads::query_heads * heads::head_dim;
+    element* decode_out = managed<element>(std::size_t(batch) * heads::query_heads() * heads::head_dim);
+    const std::size_t decode_elements = std::size_t(batch) * heads::query_heads() * heads::head_dim;
     const span<const element> query_rows(queries, prefill_rows * heads::head_dim);
     const span<const int> query_offset_rows(query_offsets, batch + 1);
     kvcache::prefill_params prefill(view, query_rows, query_offset_rows,

@@ -349,7 +349,7 @@ TEST_CASE_TEMPLATE("files: configuration mismatches name the parameters and both
 TEST_CASE("owners take float rows into a half cache and round each to binary16 on the way in") {
     using namespace kvcache;
     using heads = head_config<4, 2, 16>;
-    constexpr int row = heads::kv_heads * heads::head_dim;
+    constexpr int row = heads::kv_heads() * heads::head_dim;
     std::vector<float> keys(3 * row), values(3 * row);
     for (int i = 0; i < 3 * row; ++i) keys[i] = 0.001f * float(i) + 1.0f / 3.0f, values[i] = -0.002f * float(i);
     auto check = [&](auto& cache) {

@@ -15,7 +15,7 @@ namespace test_support {
 /// n tokens' rows [token][kv_head][head_dim] with values exact in fp16.
 template <class Element, class Heads>
 std::vector<Element> rows(int n, int salt) {
-    std::vector<Element> out(std::size_t(n) * Heads::kv_heads * Heads::head_dim);
+    std::vector<Element> out(std::size_t(n) * Heads::kv_heads() * Heads::head_dim);
     for (std::size_t i = 0; i < out.size(); ++i)
         out[i] = kvcache::from_float<Element>(static_cast<float>((int(i) * 7 + salt * 13) % 97 - 48) / 4.0f);
     return out;

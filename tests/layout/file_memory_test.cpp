@@ -103,7 +103,7 @@ std::size_t failing_load(Cache& cache, const std::string& bytes, kvcache::error_
 
 /// A file of `count` empty records for a cache of `layers` layers and `heads`.
 std::string empty_records(std::uint32_t layout, int layers, int p0, int p1, int p2, std::uint32_t count) {
-    file_builder f(layout, fp32, heads::query_heads, heads::kv_heads, heads::head_dim, layers, p0, p1, p2, count);
+    file_builder f(layout, fp32, heads::query_heads(), heads::kv_heads(), heads::head_dim, layers, p0, p1, p2, count);
     for (std::uint32_t i = 0; i < count; ++i) f.empty_record();
     return f.finish();
 }
@@ -162,7 +162,7 @@ TEST_CASE("many empty records into a 32-layer paged cache: the load takes at mos
 
 TEST_CASE("many empty records and one long one: a dynamic cache grows at most by 16x the file") {
     const int longest = 2000;
-    file_builder f(contiguous, fp32, heads::query_heads, heads::kv_heads, heads::head_dim, 1, 0, 0, 0, 601);
+    file_builder f(contiguous, fp32, heads::query_heads(), heads::kv_heads(), heads::head_dim, 1, 0, 0, 0, 601);
     for (int i = 0; i < 600; ++i) f.empty_record();
     f.record(longest, test_support::iota(longest));
     const std::string file = f.finish();  // ~270 KB
@@ -177,7 +177,7 @@ TEST_CASE("many empty records and one long one: a dynamic cache grows at most by
     CHECK(extra <= file.size() * 5 / 4);
 
     // A file whose rows justify the growth loads, and grows the cache by no more.
-    file_builder g(contiguous, fp32, heads::query_heads, heads::kv_heads, heads::head_dim, 1, 0, 0, 0, 4);
+    file_builder g(contiguous, fp32, heads::query_heads(), heads::kv_heads(), heads::head_dim, 1, 0, 0, 0, 4);
     for (int n : {100, 200, 300, 400}) g.record(n, test_support::iota(n));
     const std::string fair = g.finish();
     std::istringstream in(fair);
@@ -210,7 +210,7 @@ TEST_CASE("a header claiming huge counts with few bytes is refused before alloca
     const auto a = cache.add_sequence();
     test_support::append_all_layers(cache, a, 5, 1);
     auto header = [](std::uint32_t sequences) {
-        return file_builder(paged, fp32, heads::query_heads, heads::kv_heads, heads::head_dim, 1, 4, 0, 0, sequences);
+        return file_builder(paged, fp32, heads::query_heads(), heads::kv_heads(), heads::head_dim, 1, 4, 0, 0, sequences);
     };
     using E = kvcache::error_code;
     {
@@ -240,7 +240,7 @@ TEST_CASE("lengths near INT_MAX") {
     // length INT_MAX - 1 is small and valid.
     const int length = INT_MAX - 1;
     kvcache::sliding_window_cache<float, heads> window(1, 1, 4, 1, 1);  // ring 4
-    file_builder f(sliding, fp32, heads::query_heads, heads::kv_heads, heads::head_dim, 1, 1, 4, 4, 1);
+    file_builder f(sliding, fp32, heads::query_heads(), heads::kv_heads(), heads::head_dim, 1, 1, 4, 4, 1);
     f.record(length, {0, length - 4, length - 3, length - 2, length - 1});
     std::istringstream in(f.finish());
     const auto ids = window.load(in);
@@ -251,7 +251,7 @@ TEST_CASE("lengths near INT_MAX") {
 
     // A contiguous record must hold every position: INT_MAX of them cannot be in 200 bytes.
     kvcache::dynamic_cache<float, heads> dynamic(1, 1, 16);
-    file_builder g(contiguous, fp32, heads::query_heads, heads::kv_heads, heads::head_dim, 1, 0, 0, 0, 1);
+    file_builder g(contiguous, fp32, heads::query_heads(), heads::kv_heads(), heads::head_dim, 1, 0, 0, 0, 1);
     g.put<std::int32_t>(INT_MAX);
     g.put<std::int32_t>(INT_MAX);
     for (int i = 0; i < 40; ++i) g.put<std::int32_t>(i);

@@ -29,7 +29,7 @@ TEST_CASE("paged vs contiguous reservation on a realistic mix") {
         tokens += n;
         pages_needed += (n + page_size - 1) / page_size;
     }
-    const std::size_t row_bytes = 2 * heads::kv_heads * heads::head_dim * sizeof(element);  // K and V
+    const std::size_t row_bytes = 2 * heads::kv_heads() * heads::head_dim * sizeof(element);  // K and V
 
     kvcache::paged_cache<element, heads> paged(1, static_cast<int>(pages_needed), page_size, false);
     kvcache::static_cache<element, heads> contiguous(1, sequences, max_length);
@@ -49,7 +49,7 @@ TEST_CASE("paged vs contiguous reservation on a realistic mix") {
     CHECK(stats.bytes_used - std::size_t(tokens) * row_bytes < std::size_t(sequences) * page_size * row_bytes);
 
     // The same mix for a 7B-class model: 32 layers, 8 KV heads of 128, fp16.
-    const double scale = 32.0 * 8 * 128 / (heads::kv_heads * heads::head_dim);
+    const double scale = 32.0 * 8 * 128 / (heads::kv_heads() * heads::head_dim);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     MESSAGE("mix: ", sequences, " sequences, ", tokens, " tokens (mean ", tokens / sequences, ", max context ",
             max_length, "), page size ", page_size);

@@ -19,7 +19,7 @@
 namespace {
 
 using heads = kvcache::head_config<4, 2, 8>;
-constexpr int kv = heads::kv_heads;
+constexpr int kv = heads::kv_heads();
 constexpr int dim = heads::head_dim;
 constexpr int row = kv * dim;
 constexpr int layers = 2;

@@ -14,7 +14,7 @@
 namespace {
 
 using heads = kvcache::head_config<4, 2, 8>;
-constexpr int kv = heads::kv_heads;
+constexpr int kv = heads::kv_heads();
 constexpr int dim = heads::head_dim;
 
 // Walks the runs of (seq, kv_head) from visible index 0 and checks that they

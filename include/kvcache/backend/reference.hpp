@@ -96,12 +96,12 @@ void attend_sequence(const Layout& view, int sequence, int tokens, const Query* 
     const double scale = options.softmax_scale != 0.0f ? options.softmax_scale : 1.0 / std::sqrt(double(dim));
     const int length = view.length(sequence);  // tokens <= length: checked by check_offsets for every caller
     std::vector<double> query(dim);
-    for (int kv = 0; kv < heads::kv_heads; ++kv) {
+    for (int kv = 0; kv < view.kv_heads(); ++kv) {
         const gathered_rows rows = gather(view, sequence, kv);
         for (int t = 0; t < tokens; ++t) {
-            for (int g = 0; g < heads::group_size; ++g) {
-                const int head = kv * heads::group_size + g;
-                const std::size_t row = static_cast<std::size_t>(t) * heads::query_heads + head;
+            for (int g = 0; g < view.group_size(); ++g) {
+                const int head = kv * view.group_size() + g;
+                const std::size_t row = static_cast<std::size_t>(t) * view.query_heads() + head;
                 for (int d = 0; d < dim; ++d) query[d] = to_float(queries[row * dim + d]);
                 const int position = positions ? positions[t] : length - tokens + t;
                 lse[row] = attend(query.data(), rows, position, view.visibility(), scale,
@@ -154,8 +154,8 @@ public:
             for (int t = 0; t < tokens; ++t) {
                 const int position = p.positions.empty() ? length - tokens + t : p.positions[first + t];
                 if (!reference::is_present(view, b, position)) continue;
-                for (int kv = 0; kv < heads::kv_heads; ++kv) {
-                    const std::size_t source = (static_cast<std::size_t>(first + t) * heads::kv_heads + kv) * dim;
+                for (int kv = 0; kv < view.kv_heads(); ++kv) {
+                    const std::size_t source = (static_cast<std::size_t>(first + t) * view.kv_heads() + kv) * dim;
                     element* key = view.key(b, kv, position);
                     element* value = view.value(b, kv, position);
                     for (int d = 0; d < dim; ++d) {
@@ -242,12 +242,12 @@ private:
         const Layout view = detail::masked(p.view, p.options);
         const int batch = view.sequence_count();
         reference::attention_result result;
-        result.outputs.assign(static_cast<std::size_t>(batch) * heads::query_heads * heads::head_dim, 0.0);
-        result.lse.assign(static_cast<std::size_t>(batch) * heads::query_heads, 0.0);
+        result.outputs.assign(static_cast<std::size_t>(batch) * view.query_heads() * heads::head_dim, 0.0);
+        result.lse.assign(static_cast<std::size_t>(batch) * view.query_heads(), 0.0);
         for (int b = 0; b < batch; ++b) {
-            const std::size_t row = static_cast<std::size_t>(b) * heads::query_heads;
+            const std::size_t row = static_cast<std::size_t>(b) * view.query_heads();
             if (view.length(b) == 0) {
-                for (int h = 0; h < heads::query_heads; ++h)
+                for (int h = 0; h < view.query_heads(); ++h)
                     result.lse[row + h] = -std::numeric_limits<double>::infinity();
                 continue;
             }
@@ -265,11 +265,11 @@ private:
         const int batch = view.sequence_count();
         const int total = batch == 0 ? 0 : p.query_offsets[batch];
         reference::attention_result result;
-        result.outputs.assign(static_cast<std::size_t>(total) * heads::query_heads * heads::head_dim, 0.0);
-        result.lse.assign(static_cast<std::size_t>(total) * heads::query_heads, 0.0);
+        result.outputs.assign(static_cast<std::size_t>(total) * view.query_heads() * heads::head_dim, 0.0);
+        result.lse.assign(static_cast<std::size_t>(total) * view.query_heads(), 0.0);
         for (int b = 0; b < batch; ++b) {
             const int first = p.query_offsets[b], tokens = p.query_offsets[b + 1] - first;
-            const std::size_t row = static_cast<std::size_t>(first) * heads::query_heads;
+            const std::size_t row = static_cast<std::size_t>(first) * view.query_heads();
             reference::detail::attend_sequence(view, b, tokens, p.queries.data() + row * heads::head_dim,
                                                p.query_positions.empty() ? nullptr : p.query_positions.data() + first,
                                                p.options, result.outputs.data() + row * heads::head_dim,

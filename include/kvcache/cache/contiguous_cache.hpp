@@ -43,11 +43,18 @@ public:
     /// Allocates layers x slots x max_length rows (zeroed). Throws
     /// invalid_argument for non-positive sizes, out_of_memory when allocation fails.
     contiguous_cache(int layers, int slots, int max_length, contiguous_growth growth = contiguous_growth::fixed)
-        : growth_(growth) {
+        : contiguous_cache(Heads{}, layers, slots, max_length, growth) {
+        static_assert(Heads::static_counts, "kvcache: a cache over a dynamic head_config takes the counts as its first argument");
+    }
+
+    /// The same for the given head counts (a dynamic head_config's runtime values).
+    contiguous_cache(const Heads& heads, int layers, int slots, int max_length,
+                     contiguous_growth growth = contiguous_growth::fixed)
+        : base(heads), growth_(growth) {
         detail::require_positive(layers, "layers");
         detail::require_positive(slots, "slots");
         detail::require_positive(max_length, "max_length");
-        store_ = store(layers, slots, max_length);
+        store_ = store(layers, slots, max_length, this->kv_heads());
         free_slots_.reserve(slots);
         for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
     }
@@ -163,7 +170,7 @@ public:
     view_type view_over(int layer, const int* table, int n) {
         this->check_layer(layer);
         return view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
-                                 capacity());
+                                 capacity(), this->head_counts());
     }
 
     /// Bytes of every slab, used or not.
@@ -172,7 +179,7 @@ public:
     std::size_t bytes_used() const noexcept {
         std::size_t rows = 0;
         for (const auto& entry : sequences_) rows += entry.second.length;
-        return rows * layers() * 2 * Heads::kv_heads * Heads::head_dim * sizeof(Element);
+        return rows * layers() * 2 * this->token_row() * sizeof(Element);
     }
 
 private:
@@ -188,14 +195,14 @@ private:
         detail::file_header h;
         h.layout = kind;
         h.element = element_traits<Element>::kind;
-        h.heads = shape_of<Heads>();
+        h.heads = shape_of(this->head_counts());
         h.layers = layers();
         return h;
     }
 
     /// Allocates the new store first, so a failure leaves everything as it was.
     void regrow(int slots, int rows) {
-        store grown(layers(), slots, rows);
+        store grown(layers(), slots, rows, this->kv_heads());
         for (const auto& entry : sequences_) grown.copy_slot(store_, entry.second.slot, entry.second.slot, entry.second.length);
         for (int s = slots - 1; s >= store_.slots(); --s) free_slots_.insert(free_slots_.begin(), s);
         store_ = std::move(grown);
@@ -225,7 +232,7 @@ private:
             // Every slot gets the longest record's rows: bound that by what the
             // file's bytes justify, or one file of many empty records and one
             // long one could make us reserve records x longest.
-            const std::size_t position_bytes = std::size_t(layers()) * 2 * Heads::kv_heads * Heads::head_dim * sizeof(Element);
+            const std::size_t position_bytes = std::size_t(layers()) * 2 * this->token_row() * sizeof(Element);
             const long double wanted = static_cast<long double>(slots) * rows * position_bytes;
             const std::uint64_t reserved = bytes_reserved();
             const std::uint64_t allowance = std::max<std::uint64_t>(reserved, detail::load_growth_factor * records.file_bytes());
@@ -266,6 +273,9 @@ public:
     /// layers x slots x max_length rows, allocated once.
     static_cache(int layers, int slots, int max_length)
         : contiguous_cache<Element, Heads, Memory>(layers, slots, max_length, contiguous_growth::fixed) {}
+    /// The same for the given head counts.
+    static_cache(const Heads& heads, int layers, int slots, int max_length)
+        : contiguous_cache<Element, Heads, Memory>(heads, layers, slots, max_length, contiguous_growth::fixed) {}
 };
 
 /// The dynamic cache: a contiguous cache whose slots and capacity grow
@@ -279,6 +289,10 @@ public:
     /// Starts with layers x initial_slots x initial_length rows.
     dynamic_cache(int layers, int initial_slots = 1, int initial_length = 64)
         : contiguous_cache<Element, Heads, Memory>(layers, initial_slots, initial_length,
+                                                   contiguous_growth::geometric) {}
+    /// The same for the given head counts.
+    dynamic_cache(const Heads& heads, int layers, int initial_slots = 1, int initial_length = 64)
+        : contiguous_cache<Element, Heads, Memory>(heads, layers, initial_slots, initial_length,
                                                    contiguous_growth::geometric) {}
 };
 

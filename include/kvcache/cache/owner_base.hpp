@@ -40,6 +40,13 @@ public:
     /// Positions of a sequence; not_found for an unknown id.
     int length(sequence_id id) const { return derived().sequences_.at(id).length; }
 
+    /// The head configuration: for a dynamic one, the counts it was built with.
+    const Heads& head_counts() const noexcept { return heads_; }
+    /// Query heads.
+    int query_heads() const noexcept { return heads_.query_heads(); }
+    /// Key/value heads.
+    int kv_heads() const noexcept { return heads_.kv_heads(); }
+
     /// Appends n tokens' rows for one layer from host arrays laid out
     /// [token][kv_head][head_dim]. Layer 0 opens the step: it reserves n new
     /// positions for every layer (begin_append) and writes its rows; layers
@@ -130,7 +137,7 @@ public:
         const Derived& self = derived();
         for (sequence_id id : ids) (void)self.length(id);
         std::vector<sequence_record<Element>> records;
-        constexpr std::size_t row = std::size_t(Heads::kv_heads) * Heads::head_dim;
+        const std::size_t row = std::size_t(kv_heads()) * Heads::head_dim;
         for (sequence_id id : ids) {
             sequence_record<Element> rec;
             rec.length = self.length(id);
@@ -182,6 +189,16 @@ public:
     }
 
 protected:
+    owner_base() = default;
+    /// Takes the head counts; throws invalid_argument when a dynamic configuration's are unset.
+    explicit owner_base(const Heads& heads) : heads_(heads) {
+        require(heads.valid(), error_code::invalid_argument,
+                "the head counts are not set: a cache over a dynamic head_config takes them as its first argument, "
+                "e.g. head_config<dynamic, dynamic, ", Heads::head_dim, ">{32, 8}");
+    }
+    /// Rows of one token in one layer: kv_heads x head_dim elements.
+    std::size_t token_row() const noexcept { return std::size_t(kv_heads()) * Heads::head_dim; }
+
     /// Rows of another element type converted to Element (write/append of float rows).
     /// @tparam Rows a sized buffer of float or kvcache::half
     template <class Rows>
@@ -246,9 +263,9 @@ protected:
 
     /// Throws invalid_argument unless host buffers of keys and values hold n
     /// rows of one layer ([token][kv_head][head_dim]) for an operation on id.
-    static void check_rows(std::size_t keys, std::size_t values, int n, sequence_id id, int layer, const char* op) {
+    void check_rows(std::size_t keys, std::size_t values, int n, sequence_id id, int layer, const char* op) const {
         require_count(n, "n_tokens");
-        const std::int64_t row = std::int64_t(Heads::kv_heads) * Heads::head_dim;
+        const std::int64_t row = std::int64_t(kv_heads()) * Heads::head_dim;
         require_elements(keys, n, row, "keys", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
                          ", layer ", layer, ")");
         require_elements(values, n, row, "values", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
@@ -292,6 +309,7 @@ protected:
     }
 
 private:
+    Heads heads_{};
     Derived& derived() { return static_cast<Derived&>(*this); }
     const Derived& derived() const { return static_cast<const Derived&>(*this); }
 };

@@ -49,7 +49,13 @@ public:
     /// A pool of `pages` pages of page_size tokens in each of `layers` layers.
     /// Any page_size >= 1 works; powers of two make the index math a shift.
     paged_cache(int layers, int pages, int page_size, bool prefix_caching = true)
-        : layers_(layers), page_size_(page_size), prefix_caching_(prefix_caching) {
+        : paged_cache(Heads{}, layers, pages, page_size, prefix_caching) {
+        static_assert(Heads::static_counts, "kvcache: a cache over a dynamic head_config takes the counts as its first argument");
+    }
+
+    /// The same for the given head counts (a dynamic head_config's runtime values).
+    paged_cache(const Heads& heads, int layers, int pages, int page_size, bool prefix_caching = true)
+        : base(heads), layers_(layers), page_size_(page_size), prefix_caching_(prefix_caching) {
         detail::require_positive(layers, "layers");
         detail::require_positive(pages, "pages");
         detail::require_positive(page_size, "page_size");
@@ -66,7 +72,7 @@ public:
     int page_count() const noexcept { return pool_.size(); }
     bool prefix_caching() const noexcept { return prefix_caching_; }
     /// Elements of one page's key (or value) plane: kv_heads * page_size * head_dim.
-    std::int64_t page_elements() const noexcept { return std::int64_t(Heads::kv_heads) * page_size_ * Heads::head_dim; }
+    std::int64_t page_elements() const noexcept { return std::int64_t(this->kv_heads()) * page_size_ * Heads::head_dim; }
 
     /// Adds an empty sequence (no page yet).
     sequence_id add_sequence() { return sequences_.insert(state{}); }
@@ -193,8 +199,9 @@ public:
         for (int i = first_page; i <= last_page; ++i)
             if (pool_.shared(s.pages[i])) make_private(s, i);
         for_each_page_segment(s, first, n, [&](std::int64_t at, std::size_t src, std::int64_t head_stride, int count) {
-            detail::scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride, keys + src, count);
-            detail::scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride, values + src, count);
+            detail::scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride, keys + src, count, this->kv_heads());
+            detail::scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride, values + src, count,
+                                                         this->kv_heads());
         });
     }
 
@@ -207,8 +214,9 @@ public:
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
         for_each_page_segment(s, first, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
-            detail::gather_rows<Element, Heads, Memory>(keys + dst, keys_[layer].data() + at, head_stride, count);
-            detail::gather_rows<Element, Heads, Memory>(values + dst, values_[layer].data() + at, head_stride, count);
+            detail::gather_rows<Element, Heads, Memory>(keys + dst, keys_[layer].data() + at, head_stride, count, this->kv_heads());
+            detail::gather_rows<Element, Heads, Memory>(values + dst, values_[layer].data() + at, head_stride, count,
+                                                        this->kv_heads());
         });
     }
 
@@ -267,7 +275,7 @@ public:
     view_type view_over(int layer, const int* table, int n) {
         this->check_layer(layer);
         return view_type::packed(keys_[layer].data(), values_[layer].data(), table + n, table + 2 * n + 1, table, n,
-                                 page_size_);
+                                 page_size_, this->head_counts());
     }
 
     /// Pages, prefix-cache counters and bytes.
@@ -311,7 +319,7 @@ private:
             const int p = first + done, row = p % page_size_;
             const int count = std::min(page_size_ - row, n - done);
             const std::int64_t at = s.pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
-            f(at, std::size_t(done) * Heads::kv_heads * Heads::head_dim, head_stride, count);
+            f(at, std::size_t(done) * this->token_row(), head_stride, count);
             done += count;
         }
     }
@@ -372,7 +380,7 @@ private:
         detail::file_header h;
         h.layout = kind;
         h.element = element_traits<Element>::kind;
-        h.heads = shape_of<Heads>();
+        h.heads = shape_of(this->head_counts());
         h.layers = layers_;
         h.parameters[0] = page_size_;
         return h;

@@ -14,14 +14,14 @@ namespace kvcache {
 namespace detail {
 
 /// Copies n tokens' rows from host source [token][kv_head][head_dim] to
-/// storage where head h's first row is at destination + h * head_stride.
+/// storage where head h (of kv_heads) has its first row at destination + h * head_stride.
 /// @tparam Element stored element type
 /// @tparam Heads a head_config
 /// @tparam Memory memory-space policy of the destination
 template <class Element, class Heads, class Memory>
-void scatter_rows(Element* destination, std::int64_t head_stride, const Element* source, int n) {
+void scatter_rows(Element* destination, std::int64_t head_stride, const Element* source, int n, int kv) {
     if (n <= 0) return;
-    constexpr int kv = Heads::kv_heads, dim = Heads::head_dim;
+    constexpr int dim = Heads::head_dim;
     std::vector<Element> staging(std::size_t(n) * dim);
     for (int h = 0; h < kv; ++h) {
         for (int t = 0; t < n; ++t)
@@ -35,9 +35,9 @@ void scatter_rows(Element* destination, std::int64_t head_stride, const Element*
 /// @tparam Heads a head_config
 /// @tparam Memory memory-space policy of the source
 template <class Element, class Heads, class Memory>
-void gather_rows(Element* destination, const Element* source, std::int64_t head_stride, int n) {
+void gather_rows(Element* destination, const Element* source, std::int64_t head_stride, int n, int kv) {
     if (n <= 0) return;
-    constexpr int kv = Heads::kv_heads, dim = Heads::head_dim;
+    constexpr int dim = Heads::head_dim;
     std::vector<Element> staging(std::size_t(n) * dim);
     for (int h = 0; h < kv; ++h) {
         Memory::copy_to_host(staging.data(), source + h * head_stride, staging.size() * sizeof(Element));

@@ -40,7 +40,13 @@ public:
 
     /// `slots` sequences of sinks + window + max_chunk - 1 rows in each of `layers` layers.
     sliding_window_cache(int layers, int slots, int window, int sinks, int max_chunk = 1)
-        : window_(window), sinks_(sinks), max_chunk_(max_chunk) {
+        : sliding_window_cache(Heads{}, layers, slots, window, sinks, max_chunk) {
+        static_assert(Heads::static_counts, "kvcache: a cache over a dynamic head_config takes the counts as its first argument");
+    }
+
+    /// The same for the given head counts (a dynamic head_config's runtime values).
+    sliding_window_cache(const Heads& heads, int layers, int slots, int window, int sinks, int max_chunk = 1)
+        : base(heads), window_(window), sinks_(sinks), max_chunk_(max_chunk) {
         detail::require_positive(layers, "layers");
         detail::require_positive(slots, "slots");
         detail::require_positive(window, "window");
@@ -49,7 +55,7 @@ public:
         require(window <= 0x3fffffff - max_chunk - sinks, error_code::invalid_argument, "window ", window,
                 " + max_chunk ", max_chunk, " + sinks ", sinks, " is too large");
         ring_ = window + max_chunk - 1;
-        store_ = store(layers, slots, sinks + ring_);
+        store_ = store(layers, slots, sinks + ring_, this->kv_heads());
         for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
     }
 
@@ -106,7 +112,7 @@ public:
         const state& s = sequences_.at(id);
         check_present(id, s.length, first, n);
         for_each_segment(first, n, [&](int row, int done, int count) {
-            const std::size_t at = std::size_t(done) * Heads::kv_heads * Heads::head_dim;
+            const std::size_t at = std::size_t(done) * this->token_row();
             store_.write(layer, s.slot, row, keys + at, values + at, count);
         });
     }
@@ -120,7 +126,7 @@ public:
         const state& s = sequences_.at(id);
         check_present(id, s.length, first, n);
         for_each_segment(first, n, [&](int row, int done, int count) {
-            const std::size_t at = std::size_t(done) * Heads::kv_heads * Heads::head_dim;
+            const std::size_t at = std::size_t(done) * this->token_row();
             store_.read(layer, s.slot, row, count, keys + at, values + at);
         });
     }
@@ -167,14 +173,14 @@ public:
     view_type view_over(int layer, const int* table, int n) {
         this->check_layer(layer);
         return view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
-                                 sinks_, ring_, window_);
+                                 sinks_, ring_, window_, this->head_counts());
     }
 
     std::size_t bytes_reserved() const noexcept { return store_.bytes(); }
     std::size_t bytes_used() const noexcept {
         std::size_t rows = 0;
         for (const auto& entry : sequences_) rows += present_positions_for(entry.second.length).size();
-        return rows * layers() * 2 * Heads::kv_heads * Heads::head_dim * sizeof(Element);
+        return rows * layers() * 2 * this->token_row() * sizeof(Element);
     }
 
 private:
@@ -231,7 +237,7 @@ private:
         detail::file_header h;
         h.layout = kind;
         h.element = element_traits<Element>::kind;
-        h.heads = shape_of<Heads>();
+        h.heads = shape_of(this->head_counts());
         h.layers = layers();
         h.parameters[0] = sinks_;
         h.parameters[1] = ring_;
@@ -264,7 +270,7 @@ private:
                 " sequences needs as many slots, ", free_slots_.size(), " are free");
         std::vector<sequence_id> ids;
         ids.reserve(records.size());
-        constexpr std::size_t row = std::size_t(Heads::kv_heads) * Heads::head_dim;
+        const std::size_t row = this->token_row();
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);

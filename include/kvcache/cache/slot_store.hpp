@@ -23,10 +23,11 @@ class slot_store {
 public:
     slot_store() = default;
 
-    /// Allocates zeroed storage; throws out_of_memory (nothing allocated stays).
-    slot_store(int layers, int slots, int rows) : layers_(layers), slots_(slots), rows_(rows) {
+    /// Allocates zeroed storage for kv_heads heads; throws out_of_memory (nothing allocated stays).
+    slot_store(int layers, int slots, int rows, int kv_heads)
+        : layers_(layers), slots_(slots), rows_(rows), kv_heads_(kv_heads) {
         const std::size_t elements = checked_bytes(checked_bytes(std::size_t(slots), std::size_t(rows)),
-                                                   std::size_t(Heads::kv_heads) * Heads::head_dim);
+                                                   std::size_t(kv_heads) * Heads::head_dim);
         keys_.reserve(layers);
         values_.reserve(layers);
         for (int l = 0; l < layers; ++l) {
@@ -39,7 +40,7 @@ public:
     int slots() const noexcept { return slots_; }
     int rows() const noexcept { return rows_; }
     std::int64_t head_stride() const noexcept { return std::int64_t(rows_) * Heads::head_dim; }
-    std::int64_t slot_stride() const noexcept { return Heads::kv_heads * head_stride(); }
+    std::int64_t slot_stride() const noexcept { return kv_heads_ * head_stride(); }
     Element* keys(int layer) noexcept { return keys_[layer].data(); }
     Element* values(int layer) noexcept { return values_[layer].data(); }
     const Element* keys(int layer) const noexcept { return keys_[layer].data(); }
@@ -53,15 +54,15 @@ public:
     /// Writes n rows starting at row of slot, from host [token][kv_head][head_dim].
     void write(int layer, int slot, int row, const Element* keys, const Element* values, int n) {
         const std::int64_t at = slot * slot_stride() + std::int64_t(row) * Heads::head_dim;
-        scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride(), keys, n);
-        scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride(), values, n);
+        scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride(), keys, n, kv_heads_);
+        scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride(), values, n, kv_heads_);
     }
 
     /// Reads n rows starting at row of slot into host [token][kv_head][head_dim].
     void read(int layer, int slot, int row, int n, Element* keys, Element* values) const {
         const std::int64_t at = slot * slot_stride() + std::int64_t(row) * Heads::head_dim;
-        gather_rows<Element, Heads, Memory>(keys, keys_[layer].data() + at, head_stride(), n);
-        gather_rows<Element, Heads, Memory>(values, values_[layer].data() + at, head_stride(), n);
+        gather_rows<Element, Heads, Memory>(keys, keys_[layer].data() + at, head_stride(), n, kv_heads_);
+        gather_rows<Element, Heads, Memory>(values, values_[layer].data() + at, head_stride(), n, kv_heads_);
     }
 
     /// Copies the first `rows` rows of every head and layer from slot `from` of
@@ -70,7 +71,7 @@ public:
         if (rows <= 0) return;
         const std::size_t bytes = std::size_t(rows) * Heads::head_dim * sizeof(Element);
         for (int l = 0; l < layers_; ++l)
-            for (int h = 0; h < Heads::kv_heads; ++h) {
+            for (int h = 0; h < kv_heads_; ++h) {
                 const std::int64_t src = from * source.slot_stride() + h * source.head_stride();
                 const std::int64_t dst = to * slot_stride() + h * head_stride();
                 Memory::copy_within(keys_[l].data() + dst, source.keys_[l].data() + src, bytes);
@@ -79,7 +80,7 @@ public:
     }
 
 private:
-    int layers_ = 0, slots_ = 0, rows_ = 0;
+    int layers_ = 0, slots_ = 0, rows_ = 0, kv_heads_ = 0;
     std::vector<buffer> keys_, values_;
 };
 

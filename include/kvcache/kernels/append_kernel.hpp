@@ -41,7 +41,7 @@ struct append_kernel {
             const int position = p.positions ? p.positions[row] : length - tokens + t;
             if (p.positions && !detail::is_present(p.view, sequence, position)) continue;
             const std::size_t source =
-                (std::size_t(row) * heads::kv_heads + kv) * heads::head_dim + c;
+                (std::size_t(row) * p.view.kv_heads() + kv) * heads::head_dim + c;
             float x[8];
             detail::load8(ctx, p.keys + source, x);
             detail::store8(ctx, p.view.key(sequence, kv, position) + c, x);

@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "kvcache/core/config.hpp"
+#include "kvcache/core/heads.hpp"
 #include "kvcache/kernels/detail/attention_tile.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
@@ -24,7 +25,13 @@ KVCACHE_HOST_DEVICE constexpr int attention_tile_keys(int head_dim) noexcept {
     return head_dim <= 128 ? 32 : head_dim <= 256 ? 16 : 8;
 }
 
-/// The decode body. Grid: (splits, kv_heads, batch); shared memory: shared_bytes().
+/// Query heads a decode block holds for a dynamic head configuration: a GQA
+/// group larger than this takes several blocks (each reads the keys once).
+inline constexpr int decode_dynamic_rows = 4;
+
+/// The decode body. Grid: (splits, kv_heads x blocks_per_kv_head(view), batch);
+/// shared memory: shared_bytes. A compiled configuration's block holds its whole
+/// GQA group; a dynamic one's holds up to decode_dynamic_rows heads of it.
 /// @tparam Layout a layout view
 /// @tparam Query float or kvcache::half (queries and outputs)
 template <class Layout, class Query>
@@ -34,16 +41,30 @@ struct decode_kernel {
     static constexpr const char* name = "decode_attention";
     static constexpr int block_threads = 128;
     static constexpr int dim = heads::head_dim;
-    static constexpr int group = heads::group_size;
+    static constexpr bool compiled_group = heads::static_counts;
+    /// Query rows of a block: the whole group, or up to decode_dynamic_rows of a dynamic one.
+    static constexpr int group = detail::static_group_size_or<heads>(decode_dynamic_rows);
     static constexpr int tile = attention_tile_keys(dim);
-    using tile_step = detail::attention_tile<group, group, dim, tile, block_threads>;
+    // A dynamic block's rows are heads of one token: each row is its own "token" of the tile, so
+    // rows past the group's end are masked the way tokens past a tile's end are.
+    using tile_step = detail::attention_tile<group, compiled_group ? group : 1, dim, tile, block_threads>;
     static constexpr int per_thread = tile_step::per_thread;
     /// Dynamic shared memory a launch needs.
     static constexpr std::size_t shared_bytes = tile_step::shared_bytes;
 
+    /// Blocks along grid y per KV head: 1 when the group is compiled.
+    KVCACHE_HOST_DEVICE static constexpr int blocks_per_kv_head(const Layout& view) noexcept {
+        if constexpr (compiled_group) return 1;
+        else return (view.group_size() + group - 1) / group;
+    }
+
     template <class Context>
     KVCACHE_HOST_DEVICE void operator()(Context& ctx, const decode_kernel_params<Layout, Query>& p) const {
-        const int split = ctx.block_index().x, kv = ctx.block_index().y, sequence = ctx.block_index().z;
+        const int split = ctx.block_index().x, sequence = ctx.block_index().z;
+        const int per_kv = blocks_per_kv_head(p.view);
+        const int kv = ctx.block_index().y / per_kv, first_head = (ctx.block_index().y % per_kv) * group;
+        const int group_size = p.view.group_size();
+        const int rows = compiled_group ? group : (group_size - first_head < group ? group_size - first_head : group);
         const int thread = ctx.thread_index();
         auto queries = ctx.template shared_array<float>(tile_step::query_offset, group * dim);
         auto keys = ctx.template shared_array<float>(tile_step::key_offset, tile * tile_step::pitch);
@@ -60,11 +81,12 @@ struct decode_kernel {
         const int begin = split * chunk < visible ? split * chunk : visible;
         const int end = begin + chunk < visible ? begin + chunk : visible;
 
-        const std::size_t first_row = std::size_t(sequence) * heads::query_heads + std::size_t(kv) * group;
+        const std::size_t first_row =
+            std::size_t(sequence) * p.view.query_heads() + std::size_t(kv) * group_size + first_head;
         const Query* query = p.queries + first_row * dim;
         for (int i = thread; i < group * dim / 8; i += block_threads) {
-            float x[8];
-            detail::load8(ctx, query + i * 8, x);
+            float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (compiled_group || i < rows * (dim / 8)) detail::load8(ctx, query + i * 8, x);
             for (int j = 0; j < 8; ++j) queries[i * 8 + j] = x[j] * p.scale;
         }
         float accumulators[per_thread];
@@ -77,13 +99,14 @@ struct decode_kernel {
             if (run.count <= 0) break;  // a layout bug; every thread sees the same run
             int n = run.count < end - v ? run.count : end - v;
             n = n < tile ? n : tile;
-            tile_step::step(ctx, run, n, visibility, detail::single_query_position{query_position}, 1, p.soft_cap, queries, keys, values, scores, stats,
+            tile_step::step(ctx, run, n, visibility, detail::single_query_position{query_position},
+                            compiled_group ? 1 : rows, p.soft_cap, queries, keys, values, scores, stats,
                             accumulators);
             v += n;
         }
 
         tile_step::normalise(ctx, queries, stats, accumulators);  // then write rows whole
-        for (int i = thread; i < group * dim / 8; i += block_threads) {
+        for (int i = thread; i < rows * (dim / 8); i += block_threads) {
             const int g = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8];
             for (int j = 0; j < 8; ++j) x[j] = queries[g * dim + c + j];
@@ -92,7 +115,7 @@ struct decode_kernel {
             else
                 detail::store8(ctx, p.partial_outputs + ((first_row + g) * p.splits + split) * dim + c, x);
         }
-        for (int g = thread; g < group; g += block_threads) {
+        for (int g = thread; g < rows; g += block_threads) {
             const float lse = tile_step::log_sum_exp(stats, g);
             if (p.splits == 1) {
                 if (p.lse) p.lse[first_row + g] = lse;

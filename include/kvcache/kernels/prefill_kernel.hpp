@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "kvcache/core/config.hpp"
+#include "kvcache/core/heads.hpp"
 #include "kvcache/kernels/decode_kernel.hpp"
 #include "kvcache/kernels/detail/attention_tile.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
@@ -25,7 +26,11 @@ KVCACHE_HOST_DEVICE constexpr int prefill_target_rows(int head_dim) noexcept {
 }
 
 /// The prefill body. Grid: (query-tile slots, kv_heads, batch); block x takes
-/// tiles x, x + grid.x, ... of its sequence's chunk.
+/// tiles x, x + grid.x, ... of its sequence's chunk. The chunk's query rows
+/// for one KV head are (token, head of the group) pairs in that order; a tile
+/// takes `rows` of them. A compiled group makes a tile whole tokens (row r:
+/// token r / group, head r % group); a dynamic one lets a tile start and end
+/// inside a token, each row then carrying its own position.
 /// @tparam Layout a layout view
 /// @tparam Query float or kvcache::half (queries and outputs)
 template <class Layout, class Query>
@@ -35,10 +40,12 @@ struct prefill_kernel {
     static constexpr const char* name = "prefill_attention";
     static constexpr int block_threads = 128;
     static constexpr int dim = heads::head_dim;
-    static constexpr int group = heads::group_size;
+    static constexpr bool compiled_group = heads::static_counts;
+    /// Rows of one tile token: the group when compiled; 1 (a row is its own token) when dynamic.
+    static constexpr int group = detail::static_group_size_or<heads>(1);
     static constexpr int tile_tokens =
-        prefill_target_rows(dim) / group < 1 ? 1 : prefill_target_rows(dim) / group;  ///< query tokens per tile
-    static constexpr int rows = tile_tokens * group;  ///< row r = token (r / group), head (r % group)
+        prefill_target_rows(dim) / group < 1 ? 1 : prefill_target_rows(dim) / group;  ///< tile tokens per tile
+    static constexpr int rows = tile_tokens * group;  ///< query rows of a tile
     static constexpr int tile = attention_tile_keys(dim);
     using tile_step = detail::attention_tile<rows, group, dim, tile, block_threads>;
     static constexpr int per_thread = tile_step::per_thread;
@@ -52,19 +59,33 @@ struct prefill_kernel {
         const int length = p.view.length(sequence);
         const int visible = chunk > 0 ? p.view.visible_count(sequence) : 0;
         const attention_visibility visibility = p.view.visibility();
-        for (int first = ctx.block_index().x * tile_tokens; first < chunk; first += ctx.grid_size().x * tile_tokens) {
-            const int tokens = chunk - first < tile_tokens ? chunk - first : tile_tokens;
-            attend_tile(ctx, p, sequence, kv, length - chunk + first, p.query_offsets[sequence] + first, tokens, visible,
+        const int chunk_rows = chunk * group_rows(p.view);
+        for (int first = ctx.block_index().x * rows; first < chunk_rows; first += ctx.grid_size().x * rows) {
+            const int count = chunk_rows - first < rows ? chunk_rows - first : rows;
+            attend_tile(ctx, p, sequence, kv, length - chunk, p.query_offsets[sequence], first, count, visible,
                         visibility);
         }
     }
 
 private:
+    /// Query rows of one token: the group size.
+    KVCACHE_HOST_DEVICE static constexpr int group_rows(const Layout& view) noexcept {
+        if constexpr (compiled_group) return group;
+        else return view.group_size();
+    }
+
+    /// Rows [first_row, first_row + count) of the chunk whose first token is
+    /// first_token (of the batch) at first_position.
     template <class Context>
     KVCACHE_HOST_DEVICE void attend_tile(Context& ctx, const prefill_kernel_params<Layout, Query>& p, int sequence, int kv,
-                                         int first_position, int first_token, int tokens, int visible,
+                                         int first_position, int first_token, int first_row, int count, int visible,
                                          const attention_visibility& visibility) const {
         const int thread = ctx.thread_index();
+        const int group_size = group_rows(p.view);
+        // Row r: token token_of(r) of the chunk, head head_of(r) of the group.
+        const auto token_of = [&](int r) { return compiled_group ? first_row / group + r / group : (first_row + r) / group_size; };
+        const auto head_of = [&](int r) { return compiled_group ? r % group : (first_row + r) % group_size; };
+        const int tokens = count / group;  // tile tokens: whole tokens when compiled, rows when dynamic
         auto queries = ctx.template shared_array<float>(tile_step::query_offset, rows * dim);
         auto keys = ctx.template shared_array<float>(tile_step::key_offset, tile * tile_step::pitch);
         auto values = ctx.template shared_array<float>(tile_step::value_offset, tile * dim);
@@ -72,19 +93,20 @@ private:
         auto stats = ctx.template shared_array<float>(tile_step::stats_offset, 3 * rows);
         auto positions = ctx.template shared_array<int>(tile_step::position_offset, rows + 2);  // + lowest, highest
         if (p.query_positions)  // two loops: one select per token costs the consecutive case registers
-            for (int t = thread; t < tokens; t += block_threads) positions[t] = p.query_positions[first_token + t];
+            for (int t = thread; t < tokens; t += block_threads) positions[t] = p.query_positions[first_token + token_of(t * group)];
         else
-            for (int t = thread; t < tokens; t += block_threads) positions[t] = first_position + t;
+            for (int t = thread; t < tokens; t += block_threads) positions[t] = first_position + token_of(t * group);
         if (thread == 0) {  // the ends, for the skips below; explicit positions may sit anywhere, so they skip nothing
-            positions[rows] = p.query_positions ? 0 : first_position;
-            positions[rows + 1] = p.query_positions ? 0x7fffffff : first_position + tokens - 1;
+            positions[rows] = p.query_positions ? 0 : first_position + token_of(0);
+            positions[rows + 1] = p.query_positions ? 0x7fffffff : first_position + token_of(count - 1);
         }
         // Rows of one token are the group's heads, contiguous in the input.
+        const std::size_t query_heads = std::size_t(p.view.query_heads()), first_head = std::size_t(kv) * group_size;
         for (int i = thread; i < rows * (dim / 8); i += block_threads) {
-            const int r = i / (dim / 8), c = (i % (dim / 8)) * 8, t = r / group;
+            const int r = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            if (t < tokens)
-                detail::load8(ctx, p.queries + (std::size_t(first_token + t) * heads::query_heads + std::size_t(kv) * group + r % group) * dim + c, x);
+            if (r < count)
+                detail::load8(ctx, p.queries + ((first_token + token_of(r)) * query_heads + first_head + head_of(r)) * dim + c, x);
             for (int j = 0; j < 8; ++j) queries[r * dim + c + j] = x[j] * p.scale;
         }
         float accumulators[per_thread];
@@ -109,16 +131,15 @@ private:
         }
 
         tile_step::normalise(ctx, queries, stats, accumulators);
-        for (int i = thread; i < tokens * group * (dim / 8); i += block_threads) {
+        for (int i = thread; i < count * (dim / 8); i += block_threads) {
             const int r = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8];
             for (int j = 0; j < 8; ++j) x[j] = queries[r * dim + c + j];
-            detail::store8(ctx, p.outputs + (std::size_t(first_token + r / group) * heads::query_heads + std::size_t(kv) * group + r % group) * dim + c, x);
+            detail::store8(ctx, p.outputs + ((first_token + token_of(r)) * query_heads + first_head + head_of(r)) * dim + c, x);
         }
-        for (int r = thread; r < tokens * group; r += block_threads) {
+        for (int r = thread; r < count; r += block_threads) {
             if (!p.lse) break;
-            p.lse[std::size_t(first_token + r / group) * heads::query_heads + std::size_t(kv) * group + r % group] =
-                tile_step::log_sum_exp(stats, r);
+            p.lse[(first_token + token_of(r)) * query_heads + first_head + head_of(r)] = tile_step::log_sum_exp(stats, r);
         }
         ctx.sync_block();  // the next tile reuses the query buffer
     }

@@ -38,13 +38,15 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     std::int64_t position_stride = 0; ///< elements between consecutive positions (>= head_dim)
     attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
+    Heads head_counts{};  ///< the head counts: empty when compiled, the runtime values of a dynamic configuration
 
     /// Strides of the packed [slot][kv_head][position][head_dim] order for the given capacity.
     KVCACHE_HOST_DEVICE static constexpr contiguous_view packed(Element* keys, Element* values, const int* lengths,
-                                                                const int* slots, int sequences, int capacity) noexcept {
+                                                                const int* slots, int sequences, int capacity,
+                                                                Heads heads = Heads{}) noexcept {
         const std::int64_t head_stride = std::int64_t(capacity) * Heads::head_dim;
-        return strided(keys, values, lengths, sequences, capacity, std::int64_t(Heads::kv_heads) * head_stride,
-                       head_stride, Heads::head_dim, slots);
+        return strided(keys, values, lengths, sequences, capacity, std::int64_t(heads.kv_heads()) * head_stride,
+                       head_stride, Heads::head_dim, slots, heads);
     }
 
     /// A view over memory the caller owns and lays out (another engine's
@@ -54,11 +56,13 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     /// head_stride = head_dim, position_stride = kv_heads * head_dim; rows must
     /// be head_dim contiguous elements. lengths (and slots, null for identity)
     /// are the caller's too and must outlive the view; read-only attention
-    /// never writes through keys or values.
+    /// never writes through keys or values. A dynamic head configuration
+    /// passes its counts as heads.
     KVCACHE_HOST_DEVICE static constexpr contiguous_view strided(Element* keys, Element* values, const int* lengths,
                                                                  int sequences, int capacity, std::int64_t slot_stride,
                                                                  std::int64_t head_stride, std::int64_t position_stride,
-                                                                 const int* slots = nullptr) noexcept {
+                                                                 const int* slots = nullptr,
+                                                                 Heads heads = Heads{}) noexcept {
         contiguous_view v;
         v.keys = keys;
         v.values = values;
@@ -69,6 +73,7 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
         v.slot_stride = slot_stride;
         v.head_stride = head_stride;
         v.position_stride = position_stride;
+        v.head_counts = heads;
         return v;
     }
 

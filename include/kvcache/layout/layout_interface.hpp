@@ -13,6 +13,8 @@
 //   using element_type = E;  using heads = head_config<...>;
 //   static constexpr layout_kind kind;
 //   int  sequence_count() const;                  batch slots in the view
+//   int  query_heads() const, kv_heads() const, group_size() const;
+//                                                 the head counts (constants for a compiled head_config)
 //   int  length(int seq) const;                   tokens the sequence holds (logical)
 //   int  visible_count(int seq) const;            present positions
 //   int  visible_position(int seq, int i) const;  logical position of visible index i (ascending in i)
@@ -82,6 +84,9 @@ template <class View>
 struct has_layout_interface<
     View, std::void_t<typename View::element_type, typename View::heads, decltype(View::kind),
                       decltype(std::declval<const View&>().sequence_count()),
+                      decltype(std::declval<const View&>().kv_heads()),
+                      decltype(std::declval<const View&>().query_heads()),
+                      decltype(std::declval<const View&>().group_size()),
                       decltype(std::declval<const View&>().length(0)),
                       decltype(std::declval<const View&>().visible_count(0)),
                       decltype(std::declval<const View&>().visible_position(0, 0)),

@@ -41,12 +41,13 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
     std::int64_t slot_stride = 0;  ///< elements between slots (>= kv_heads * head_stride)
     std::int64_t head_stride = 0;  ///< elements between KV heads of a slot (>= (sinks + ring) * head_dim)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
+    Heads head_counts{};  ///< the head counts: empty when compiled, the runtime values of a dynamic configuration
 
     /// Packed strides for the given sinks and ring.
     KVCACHE_HOST_DEVICE static constexpr sliding_window_view packed(Element* keys, Element* values,
                                                                     const int* lengths, const int* slots,
                                                                     int sequences, int sinks, int ring,
-                                                                    int window) noexcept {
+                                                                    int window, Heads heads = Heads{}) noexcept {
         sliding_window_view v;
         v.keys = keys;
         v.values = values;
@@ -57,7 +58,8 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
         v.ring = ring;
         v.window = window;
         v.head_stride = std::int64_t(sinks + ring) * Heads::head_dim;
-        v.slot_stride = std::int64_t(Heads::kv_heads) * v.head_stride;
+        v.slot_stride = std::int64_t(heads.kv_heads()) * v.head_stride;
+        v.head_counts = heads;
         return v;
     }
 

@@ -25,7 +25,7 @@ TEST_CASE("units built for different ISAs link without sharing CPU kernels, and 
     auto cache = contiguous_factory::make<half, isa_mix::heads>(c, 1);
     const auto view = cache->view();
     fill_cache(view, 2);
-    const auto queries = random_rows<float>(2 * isa_mix::heads::query_heads * isa_mix::heads::head_dim, 3.0f, 3);
+    const auto queries = random_rows<float>(2 * isa_mix::heads::query_heads() * isa_mix::heads::head_dim, 3.0f, 3);
     for (int splits : {1, 3}) {
         attention_options options;
         options.kv_splits = splits;

@@ -13,7 +13,7 @@ isa_mix::unit_result run_decode(const isa_mix::view& cache, const std::vector<fl
     result.isa = kvcache::cpu::detail::isa_name;
     result.entry = &kvcache::cpu::detail::decode<isa_mix::view, float>;
     result.outputs.resize(queries.size());
-    result.lse.resize(std::size_t(cache.sequence_count()) * isa_mix::heads::query_heads);
+    result.lse.resize(std::size_t(cache.sequence_count()) * isa_mix::heads::query_heads());
     kvcache::decode_params call(cache, queries, result.outputs);
     call.lse = result.lse;
     call.options = options;

@@ -88,10 +88,10 @@ void check_empty_sequences(const Backend& backend, const std::string& name) {
     context_case c{"empty", {0, 7}, 0, 0, 16, {0, 7}, {}};
     auto cache = contiguous_factory::make<half, heads>(c, 1);
     fill_cache(cache->view(), 2);
-    const auto queries = random_rows<half>(7 * heads::query_heads * heads::head_dim, 3.0f, 3);
-    const std::vector<half> decode_queries(queries.begin(), queries.begin() + 2 * heads::query_heads * heads::head_dim);
+    const auto queries = random_rows<half>(7 * heads::query_heads() * heads::head_dim, 3.0f, 3);
+    const std::vector<half> decode_queries(queries.begin(), queries.begin() + 2 * heads::query_heads() * heads::head_dim);
     std::vector<half> outputs(decode_queries.size(), half(5.0f));
-    std::vector<float> lse(2 * heads::query_heads, 5.0f);
+    std::vector<float> lse(2 * heads::query_heads(), 5.0f);
     decode_params decode(cache->view(), decode_queries, outputs);
     decode.lse = lse;
     backend.decode(decode);
@@ -100,7 +100,7 @@ void check_empty_sequences(const Backend& backend, const std::string& name) {
     CHECK(to_float(outputs[0]) == 0.0f);
     const std::vector<int> offsets = {0, 0, 7};
     std::vector<half> prefill_outputs(queries.size());
-    std::vector<float> prefill_lse(7 * heads::query_heads);
+    std::vector<float> prefill_lse(7 * heads::query_heads());
     prefill_params prefill(cache->view(), queries, offsets, prefill_outputs);
     prefill.lse = prefill_lse;
     backend.prefill(prefill);
@@ -116,8 +116,8 @@ void check_split_counts(const Backend& backend, const std::string& name) {
     context_case c{"long", {700, 3}, 0, 0, 16, {1, 1}, {}};
     auto cache = paged_factory::make<half, heads>(c, 3);
     fill_cache(cache->view(), 4);
-    const auto queries = random_rows<float>(2 * heads::query_heads * heads::head_dim, 3.0f, 5);
-    std::vector<float> outputs(queries.size()), lse(2 * heads::query_heads);
+    const auto queries = random_rows<float>(2 * heads::query_heads() * heads::head_dim, 3.0f, 5);
+    std::vector<float> outputs(queries.size()), lse(2 * heads::query_heads());
     decode_params call(cache->view(), queries, outputs);
     call.lse = lse;
     const auto expected = reference_backend{}.decode_exact(call);
@@ -140,7 +140,7 @@ template <class Element, class Backend>
 void check_cascade(const Backend& backend, const std::string& name) {
     using namespace kvcache;
     using heads = head_config<8, 2, 32>;
-    constexpr int dim = heads::head_dim, row = heads::kv_heads * dim;
+    constexpr int dim = heads::head_dim, row = heads::kv_heads() * dim;
     INFO(name << " cascade attention, " << (std::is_same_v<Element, float> ? "fp32" : "fp16"));
     paged_cache<Element, heads> cache(1, 64, 16);
     const int prefix_length = 40;
@@ -168,7 +168,7 @@ void check_cascade(const Backend& backend, const std::string& name) {
     CHECK(full_plan.first_new_position(2) == prefix_length);
     CHECK(suffix_plan.first_new_position(2) == 0);
 
-    const std::size_t rows = std::size_t(requests) * heads::query_heads;
+    const std::size_t rows = std::size_t(requests) * heads::query_heads();
     const auto queries = random_rows<float>(rows * dim, 3.0f, 25);
     std::vector<float> plain(rows * dim), plain_lse(rows);
     decode_params plain_call(full_plan.view(0), queries, plain);
@@ -220,12 +220,12 @@ void check_window_mask(const Backend& backend, const std::string& name) {
     fill_cache(paged->view(), 7);
     fill_cache(contiguous->view(), 7);
     const reference_backend reference;
-    const auto queries = random_rows<half>(std::size_t(91) * heads::query_heads * heads::head_dim, 3.0f, 11);
+    const auto queries = random_rows<half>(std::size_t(91) * heads::query_heads() * heads::head_dim, 3.0f, 11);
     const std::vector<int> offsets = {0, 30, 91};
     auto check = [&](const auto& view, const char* layout) {
         INFO(name << " " << std::string(layout) << " cache with a window mask of " << window << " and " << sinks << " sinks");
         std::vector<half> outputs(queries.size());
-        std::vector<float> lse(91 * heads::query_heads);
+        std::vector<float> lse(91 * heads::query_heads());
         prefill_params call(view, queries, offsets, outputs);
         call.lse = lse;
         call.options.window = window;
@@ -233,9 +233,9 @@ void check_window_mask(const Backend& backend, const std::string& name) {
         backend.prefill(call);
         compare(outputs, lse, reference.prefill_exact(prefill_params(oracle.view(), queries, offsets, outputs)),
                 "prefill");
-        const std::vector<half> decode_queries(queries.begin(), queries.begin() + 2 * heads::query_heads * heads::head_dim);
+        const std::vector<half> decode_queries(queries.begin(), queries.begin() + 2 * heads::query_heads() * heads::head_dim);
         std::vector<half> decode_outputs(decode_queries.size());
-        std::vector<float> decode_lse(2 * heads::query_heads);
+        std::vector<float> decode_lse(2 * heads::query_heads());
         decode_params decode(view, decode_queries, decode_outputs);
         decode.lse = decode_lse;
         decode.options.window = window;
@@ -250,7 +250,7 @@ void check_window_mask(const Backend& backend, const std::string& name) {
 
     const context_case windowed{"windowed", lengths, window, sinks, 16, {1, 1}, {}};
     const auto ring = sliding_window_factory::make<half, heads>(windowed, 3);
-    std::vector<half> outputs(2 * heads::query_heads * heads::head_dim);
+    std::vector<half> outputs(2 * heads::query_heads() * heads::head_dim);
     const std::vector<half> ring_queries(outputs.size());
     decode_params own(ring->view(), ring_queries, outputs);
     own.options.window = window;

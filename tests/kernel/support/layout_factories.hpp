@@ -47,7 +47,7 @@ struct contiguous_factory_in {
         std::vector<int> slots;
         for (int i = 0; i < n; ++i) slots.push_back(n - 1 - i);
         o->slots = int_buffer<Buffer>(slots);
-        const std::size_t elements = std::size_t(n) * Heads::kv_heads * o->capacity * Heads::head_dim;
+        const std::size_t elements = std::size_t(n) * Heads::kv_heads() * o->capacity * Heads::head_dim;
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;
@@ -87,7 +87,7 @@ struct paged_factory_in {
         std::mt19937 random(seed);
         std::shuffle(order.begin(), order.end(), random);
         o->pages = int_buffer<Buffer>(std::vector<int>(order.begin(), order.begin() + needed));
-        const std::size_t elements = std::size_t(pool) * Heads::kv_heads * o->page_size * Heads::head_dim;
+        const std::size_t elements = std::size_t(pool) * Heads::kv_heads() * o->page_size * Heads::head_dim;
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;
@@ -123,7 +123,7 @@ struct sliding_window_factory_in {
         std::vector<int> slots;
         for (int i = 0; i < n; ++i) slots.push_back((i + 1) % n);
         o->slots = int_buffer<Buffer>(slots);
-        const std::size_t elements = std::size_t(n) * Heads::kv_heads * (o->sinks + o->ring) * Heads::head_dim;
+        const std::size_t elements = std::size_t(n) * Heads::kv_heads() * (o->sinks + o->ring) * Heads::head_dim;
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;

@@ -33,7 +33,12 @@ struct scatter_view {
     Element* values = nullptr;
     attention_visibility window{};
 
+    Heads head_counts{};
+
     int sequence_count() const { return sequences; }
+    int query_heads() const { return head_counts.query_heads(); }
+    int kv_heads() const { return head_counts.kv_heads(); }
+    int group_size() const { return head_counts.group_size(); }
     int length(int s) const { return lengths[s]; }
     int visible_count(int s) const { return offsets[s + 1] - offsets[s]; }
     int visible_position(int s, int i) const { return positions[offsets[s] + i]; }
@@ -42,7 +47,7 @@ struct scatter_view {
         return int(std::lower_bound(first, positions + offsets[s + 1], position) - first);
     }
     std::size_t row(int s, int h, int position) const {
-        return (std::size_t(slots[offsets[s] + index_of(s, position)]) * Heads::kv_heads + h) * Heads::head_dim;
+        return (std::size_t(slots[offsets[s] + index_of(s, position)]) * kv_heads() + h) * Heads::head_dim;
     }
     Element* key(int s, int h, int position) const { return keys + row(s, h, position); }
     Element* value(int s, int h, int position) const { return values + row(s, h, position); }
@@ -59,7 +64,7 @@ struct scatter_view {
         r.first_visible = begin;
         r.first_position = position[begin];
         r.count = n;
-        r.stride = Heads::kv_heads * Heads::head_dim;
+        r.stride = Heads::kv_heads() * Heads::head_dim;
         return r;
     }
     attention_visibility visibility() const { return window; }
@@ -88,7 +93,7 @@ public:
         std::mt19937 random(seed);
         std::shuffle(order.begin(), order.end(), random);
         for (int i = 0; i < rows; ++i) slots_.push_back(order[i / run_length] * run_length + i % run_length);
-        const std::size_t elements = std::size_t(std::max(runs * run_length, 1)) * Heads::kv_heads * Heads::head_dim;
+        const std::size_t elements = std::size_t(std::max(runs * run_length, 1)) * Heads::kv_heads() * Heads::head_dim;
         keys_ = host_buffer<Element>(elements);
         values_ = host_buffer<Element>(elements);
     }

@@ -24,8 +24,8 @@ void append(const Layout& view, const Input* keys, const Input* values, const in
     constexpr int dim = heads::head_dim;
     const int batch = view.sequence_count();
     if (batch == 0) return;
-    thread_pool::instance().parallel_for(batch * heads::kv_heads, [&](int item) {
-        const int b = item / heads::kv_heads, kv = item % heads::kv_heads;
+    thread_pool::instance().parallel_for(batch * view.kv_heads(), [&](int item) {
+        const int b = item / view.kv_heads(), kv = item % view.kv_heads();
         const int tokens = new_token_offsets[b + 1] - new_token_offsets[b];
         const int length = view.length(b);
         const int first_present = positions ? 0 : kvcache::detail::first_present_new_token(view, b, tokens);
@@ -33,7 +33,7 @@ void append(const Layout& view, const Input* keys, const Input* values, const in
             const int row = new_token_offsets[b] + t;
             const int position = positions ? positions[row] : length - tokens + t;
             if (positions && !kvcache::detail::is_present(view, b, position)) continue;
-            const std::size_t source = (std::size_t(row) * heads::kv_heads + kv) * dim;
+            const std::size_t source = (std::size_t(row) * view.kv_heads() + kv) * dim;
             element* key = view.key(b, kv, position);
             element* value = view.value(b, kv, position);
             if constexpr (std::is_same_v<element, Input>) {

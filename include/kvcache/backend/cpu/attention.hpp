@@ -31,7 +31,8 @@ template <class Layout, class Query, class Output>
 void decode_rows(const Layout& view, int sequence, int kv_head, int begin, int end, const Query* queries, float scale,
                  float soft_cap, Output* outputs, float* lse) {
     using heads = typename Layout::heads;
-    constexpr int dim = heads::head_dim, group = heads::group_size;
+    constexpr int dim = heads::head_dim;
+    const int group = view.group_size();
     tile_attention<dim> rows(group);
     const int position = view.length(sequence) - 1;
     for (int g = 0; g < group; ++g) rows.load(g, queries + g * dim, scale, position);
@@ -47,31 +48,32 @@ void decode_rows(const Layout& view, int sequence, int kv_head, int begin, int e
 template <class Layout, class Query>
 void decode(const Layout& view, const Query* queries, Query* outputs, float* lse, const attention_options& options) {
     using heads = typename Layout::heads;
-    constexpr int dim = heads::head_dim, group = heads::group_size;
+    constexpr int dim = heads::head_dim;
+    const int group = view.group_size();
     const int batch = view.sequence_count();
     if (batch == 0) return;
     const float scale = resolved_softmax_scale(options, dim);
-    const int items = batch * heads::kv_heads;
+    const int items = batch * view.kv_heads();
     thread_pool& pool = thread_pool::instance();
     int splits = options.kv_splits;
     if (splits <= 0) splits = items >= pool.threads() ? 1 : (pool.threads() + items - 1) / items;
     auto visible_keys = [&](int b) { return view.length(b) > 0 ? view.visible_count(b) : 0; };
     if (splits == 1) {
         pool.parallel_for(items, [&](int item) {
-            const int b = item / heads::kv_heads, kv = item % heads::kv_heads;
-            const std::size_t first_row = std::size_t(b) * heads::query_heads + std::size_t(kv) * group;
+            const int b = item / view.kv_heads(), kv = item % view.kv_heads();
+            const std::size_t first_row = std::size_t(b) * view.query_heads() + std::size_t(kv) * group;
             decode_rows(view, b, kv, 0, visible_keys(b), queries + first_row * dim, scale, options.logits_soft_cap,
                         outputs + first_row * dim, lse ? lse + first_row : nullptr);
         });
         return;
     }
     // Split-KV: partial states [split][row], then the one merge over the splits.
-    const std::size_t rows = std::size_t(batch) * heads::query_heads;
+    const std::size_t rows = std::size_t(batch) * view.query_heads();
     std::vector<float> partial(rows * splits * dim), partial_lse(rows * splits);
     pool.parallel_for(items * splits, [&](int work) {
         const int item = work / splits, split = work % splits;
-        const int b = item / heads::kv_heads, kv = item % heads::kv_heads;
-        const std::size_t first_row = std::size_t(b) * heads::query_heads + std::size_t(kv) * group;
+        const int b = item / view.kv_heads(), kv = item % view.kv_heads();
+        const std::size_t first_row = std::size_t(b) * view.query_heads() + std::size_t(kv) * group;
         const int visible = visible_keys(b);
         const int chunk = std::max((visible + splits - 1) / splits, min_split_keys);
         const int begin = std::min(visible, split * chunk), end = std::min(visible, begin + chunk);
@@ -98,7 +100,8 @@ template <class Layout, class Query>
 void prefill(const Layout& view, const Query* queries, const int* query_offsets, const int* query_positions,
              Query* outputs, float* lse, const attention_options& options) {
     using heads = typename Layout::heads;
-    constexpr int dim = heads::head_dim, group = heads::group_size;
+    constexpr int dim = heads::head_dim;
+    const int group = view.group_size();
     const int batch = view.sequence_count();
     if (batch == 0) return;
     const float scale = resolved_softmax_scale(options, dim);
@@ -115,7 +118,7 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
             int last = 0;
             for (int i = t; i < t + n; ++i) last = std::max(last, position_of(b, i));
             const int keys = last < view.length(b) ? last + 1 : view.length(b);  // most keys the block may see
-            for (int kv = 0; kv < heads::kv_heads; ++kv) work.push_back({b, kv, t, n, keys});
+            for (int kv = 0; kv < view.kv_heads(); ++kv) work.push_back({b, kv, t, n, keys});
         }
     }
     // Longest items first, so the threads finish together (causal blocks grow along the chunk).
@@ -125,7 +128,7 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
         const int b = item.sequence;
         tile_attention<dim> rows(item.tokens * group);
         auto row_of = [&](int t, int g) {
-            return std::size_t(query_offsets[b] + item.first_token + t) * heads::query_heads +
+            return std::size_t(query_offsets[b] + item.first_token + t) * view.query_heads() +
                    std::size_t(item.kv_head) * group + g;
         };
         for (int t = 0; t < item.tokens; ++t) {

@@ -126,6 +126,18 @@ int check_offsets(const Layout& view, span<const int> offsets, const char* field
     return offsets[batch];
 }
 
+/// A view over a dynamic head configuration must carry its counts.
+/// @tparam Layout a layout view
+template <class Layout>
+void check_heads(const Layout& view) {
+    if constexpr (!Layout::heads::static_counts) {
+        const auto& h = view.head_counts;
+        require(h.valid(), error_code::invalid_argument, "view.head_counts = ", h.query_heads(), "q/", h.kv_heads(),
+                "kv is not set: a view over a dynamic head_config takes its counts (packed(), strided(), token_major())");
+        shape_of(h).validate();
+    }
+}
+
 /// append: keys and values hold total tokens x kv_heads x head_dim. Returns
 /// the total tokens (-1 when the offsets are device memory).
 /// @tparam Layout a layout view
@@ -133,8 +145,9 @@ template <class Layout>
 int check_append(const Layout& view, std::size_t keys, std::size_t values, span<const int> offsets, bool host_lengths,
                   bool tokens_within_length = true) {
     using heads = typename Layout::heads;
+    check_heads(view);
     const int total = check_offsets(view, offsets, "new_token_offsets", "appends", host_lengths, tokens_within_length);
-    const std::int64_t row = std::int64_t(heads::kv_heads) * heads::head_dim;
+    const std::int64_t row = std::int64_t(view.kv_heads()) * heads::head_dim;
     if (total < 0) {  // offsets on the device: at least the two buffers must agree and be whole rows
         require(keys == values && keys % row == 0, error_code::invalid_argument, "keys (", keys, " elements) and values (",
                 values, ") must hold the same whole rows of ", row, " elements");
@@ -151,13 +164,14 @@ template <class Layout>
 void check_decode(const Layout& view, std::size_t queries, std::size_t outputs, bool with_lse, std::size_t lse_size,
                   const attention_options& options) {
     using heads = typename Layout::heads;
+    check_heads(view);
     check_options(options);
     const int batch = view.sequence_count();
     require(batch >= 0, error_code::invalid_argument, "view.sequences = ", batch, " is negative");
-    const std::int64_t row = std::int64_t(heads::query_heads) * heads::head_dim;
+    const std::int64_t row = std::int64_t(view.query_heads()) * heads::head_dim;
     require_elements(queries, batch, row, "queries", "sequences x (query_heads x head_dim)");
     require_elements(outputs, batch, row, "outputs", "sequences x (query_heads x head_dim)");
-    if (with_lse) require_elements(lse_size, batch, heads::query_heads, "lse", "sequences x query_heads");
+    if (with_lse) require_elements(lse_size, batch, view.query_heads(), "lse", "sequences x query_heads");
 }
 
 /// prefill: queries and outputs hold total tokens x query_heads x head_dim; lse total tokens x query_heads.
@@ -168,18 +182,19 @@ int check_prefill(const Layout& view, std::size_t queries, span<const int> offse
                    bool with_lse, std::size_t lse_size, const attention_options& options, bool host_lengths,
                    bool tokens_within_length = true) {
     using heads = typename Layout::heads;
+    check_heads(view);
     check_options(options);
     const int total = check_offsets(view, offsets, "query_offsets", "has", host_lengths, tokens_within_length);
-    const std::int64_t row = std::int64_t(heads::query_heads) * heads::head_dim;
+    const std::int64_t row = std::int64_t(view.query_heads()) * heads::head_dim;
     if (total < 0) {
         require(outputs >= queries && queries % row == 0, error_code::invalid_argument, "queries (", queries,
                 " elements) must be whole rows of ", row, " and outputs (", outputs, ") at least as large");
-        if (with_lse) require_elements(lse_size, std::int64_t(queries / row), heads::query_heads, "lse", "query tokens x query_heads");
+        if (with_lse) require_elements(lse_size, std::int64_t(queries / row), view.query_heads(), "lse", "query tokens x query_heads");
         return total;
     }
     require_elements(queries, total, row, "queries", "query tokens x (query_heads x head_dim)");
     require_elements(outputs, total, row, "outputs", "query tokens x (query_heads x head_dim)");
-    if (with_lse) require_elements(lse_size, total, heads::query_heads, "lse", "query tokens x query_heads");
+    if (with_lse) require_elements(lse_size, total, view.query_heads(), "lse", "query tokens x query_heads");
     return total;
 }
 

@@ -50,13 +50,12 @@ inline void check_batch(int batch) {
 template <class Launcher, class Layout, class Input>
 void run_append(Launcher& launcher, const Layout& view, const Input* keys, const Input* values, const int* offsets,
                 const int* positions) {
-    using heads = typename Layout::heads;
     const int batch = view.sequence_count();
     check_batch(batch);
     if (batch == 0) return;
     const append_kernel_params<Layout, Input> params{view, keys, values, offsets, positions};
     launcher.template launch<append_kernel<Layout, Input>>(
-        index3{spread_blocks(batch, heads::kv_heads, launcher.multiprocessors()), heads::kv_heads, batch}, 0, params);
+        index3{spread_blocks(batch, view.kv_heads(), launcher.multiprocessors()), view.kv_heads(), batch}, 0, params);
 }
 
 template <class Launcher, class State, class Output>
@@ -73,15 +72,16 @@ void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Qu
     const int batch = view.sequence_count();
     check_batch(batch);
     if (batch == 0) return;
-    const int splits = decode_splits(batch, heads::kv_heads, launcher.multiprocessors(), options);
+    const int blocks_y = view.kv_heads() * body::blocks_per_kv_head(view);
+    const int splits = decode_splits(batch, blocks_y, launcher.multiprocessors(), options);
     decode_kernel_params<Layout, Query> params{view, queries, outputs, lse, nullptr, nullptr,
                                         resolved_softmax_scale(options, heads::head_dim), options.logits_soft_cap, splits};
-    const index3 grid{splits, heads::kv_heads, batch};
+    const index3 grid{splits, blocks_y, batch};
     if (splits == 1) {
         launcher.template launch<body>(grid, body::shared_bytes, params);
         return;
     }
-    const std::size_t rows = std::size_t(batch) * heads::query_heads;
+    const std::size_t rows = std::size_t(batch) * view.query_heads();
     auto workspace = launcher.workspace(decode_workspace_floats(rows, splits, heads::head_dim));
     params.partial_outputs = workspace.data();
     params.partial_lse = workspace.data() + rows * splits * heads::head_dim;
@@ -102,8 +102,8 @@ void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, c
     if (batch == 0) return;
     const prefill_kernel_params<Layout, Query> params{view, queries, query_offsets, query_positions, outputs, lse,
                                                resolved_softmax_scale(options, heads::head_dim), options.logits_soft_cap};
-    launcher.template launch<body>(index3{spread_blocks(batch, heads::kv_heads, launcher.multiprocessors()),
-                                          heads::kv_heads, batch},
+    launcher.template launch<body>(index3{spread_blocks(batch, view.kv_heads(), launcher.multiprocessors()),
+                                          view.kv_heads(), batch},
                                    body::shared_bytes, params);
 }
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "checkpoint_writer.hpp"
-#include "common/checkpoint_loader.hpp"
+#include "kvcache_engine/checkpoint_loader.hpp"
 #include "support/scratch_dir.hpp"
 
 using namespace kvcache::examples;

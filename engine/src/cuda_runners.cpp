@@ -11,7 +11,7 @@ namespace kvcache::examples {
 
 namespace {
 
-using tiny_checkpoint_heads = head_config<4, 2, 16>;  // tests/model's tiny checkpoint
+using tiny_checkpoint_heads = head_config<4, 2, 16>;  // engine/tests' tiny checkpoint
 
 struct cuda_entry {
     head_shape heads;

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "benchmarks.hpp"
-#include "common/generation_comparison.hpp"
-#include "common/kvcache_attention.hpp"
-#include "common/tiny_llama.hpp"
 #include "harness/timing.hpp"
+#include "kvcache_engine/generation_comparison.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
+#include "kvcache_engine/tiny_llama.hpp"
 
 namespace kvcache::bench {
 

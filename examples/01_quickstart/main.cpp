@@ -9,11 +9,11 @@
 #include <random>
 #include <vector>
 
-#include "common/arguments.hpp"
 #include "common/run_main.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/backend/reference.hpp"
 #include "kvcache/cache/paged_cache.hpp"
+#include "kvcache_engine/arguments.hpp"
 
 using heads = kvcache::head_config<8, 2, 64>;  // 8 query heads share 2 KV heads (GQA), head_dim 64
 

@@ -13,12 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/arguments.hpp"
-#include "common/compute_backend.hpp"
-#include "common/device_attention.hpp"
-#include "common/generation_comparison.hpp"
 #include "common/progress_line.hpp"
 #include "common/run_main.hpp"
+#include "kvcache_engine/arguments.hpp"
+#include "kvcache_engine/compute_backend.hpp"
+#include "kvcache_engine/device_attention.hpp"
+#include "kvcache_engine/generation_comparison.hpp"
 
 namespace ex = kvcache::examples;
 

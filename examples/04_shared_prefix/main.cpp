@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "common/arguments.hpp"
-#include "common/model_weights.hpp"
 #include "common/run_main.hpp"
-#include "common/timing.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/step_plan.hpp"
+#include "kvcache_engine/arguments.hpp"
+#include "kvcache_engine/model_weights.hpp"
+#include "kvcache_engine/timing.hpp"
 
 namespace ex = kvcache::examples;
 

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "common/arguments.hpp"
-#include "common/flagship_model.hpp"
-#include "common/kvcache_attention.hpp"
 #include "common/run_main.hpp"
-#include "common/timing.hpp"
-#include "common/tiny_llama.hpp"
+#include "kvcache_engine/arguments.hpp"
+#include "kvcache_engine/flagship_model.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
+#include "kvcache_engine/timing.hpp"
+#include "kvcache_engine/tiny_llama.hpp"
 
 namespace ex = kvcache::examples;
 

@@ -9,14 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "common/arguments.hpp"
-#include "common/checkpoint_loader.hpp"
-#include "common/compute_backend.hpp"
-#include "common/kvcache_attention.hpp"
 #include "common/progress_line.hpp"
 #include "common/run_main.hpp"
-#include "common/timing.hpp"
-#include "common/tiny_llama.hpp"
+#include "kvcache_engine/arguments.hpp"
+#include "kvcache_engine/checkpoint_loader.hpp"
+#include "kvcache_engine/compute_backend.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
+#include "kvcache_engine/timing.hpp"
+#include "kvcache_engine/tiny_llama.hpp"
 #include "supported_heads.hpp"
 
 namespace ex = kvcache::examples;
@@ -142,7 +142,7 @@ int run(int argc, char** argv) {
                 for (const auto& h : ex::cuda_compiled_heads()) list += " " + h.to_string();
                 const std::string why = "the checkpoint's heads " + config.heads().to_string() +
                                         " are not compiled for the CUDA backend (compiled:" + list +
-                                        "; add one in examples/common/cuda_runners.cpp and CMakeLists.txt)";
+                                        "; add one in engine/src/cuda_runners.cpp and CMakeLists.txt)";
                 if (backend_request == "cuda") throw ex::usage_error("--backend cuda: " + why);
                 backend = {ex::compute_backend::cpu, "--backend auto found a CUDA device, but " + why};
             }

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "common/kvcache_attention.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
 
 namespace llama_example {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "common/arguments.hpp"
+#include "kvcache_engine/arguments.hpp"
 
 namespace kvcache::examples {
 

@@ -2,7 +2,9 @@
 # one in docs/architecture.md: core < execution, layout < cache, kernels < backend.
 # (execution and layout are independent of each other; cache may not see
 # execution or kernels; kernels may not see cache.)
-# Input: INCLUDE_DIR (the include/ folder).
+# Past the layers: the library never includes the model engine (engine/) or
+# the examples, and the engine includes only the library and itself.
+# Input: INCLUDE_DIR (the include/ folder), ENGINE_DIR (engine/, optional).
 cmake_minimum_required(VERSION 3.25)
 set(allowed_core core)
 set(allowed_execution core execution)
@@ -30,3 +32,30 @@ if(violations)
     message(FATAL_ERROR "kvcache layering broken, a lower layer includes a higher one:\n${violations}")
 endif()
 message(STATUS "kvcache layering: every header includes only its own or lower layers")
+
+# The library (every header of include/kvcache) sees neither the engine nor the examples.
+file(GLOB_RECURSE headers ${INCLUDE_DIR}/kvcache/*)
+foreach(header IN LISTS headers)
+    file(STRINGS ${header} lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](kvcache_engine|engine|examples|common)/")
+    foreach(line IN LISTS lines)
+        file(RELATIVE_PATH rel ${INCLUDE_DIR} ${header})
+        string(APPEND violations "  ${rel} (the library) includes ${line}\n")
+    endforeach()
+endforeach()
+# The engine's own includes ("...") name the library or the engine, nothing else (not examples/common).
+if(DEFINED ENGINE_DIR)
+    file(GLOB_RECURSE sources ${ENGINE_DIR}/include/*.hpp ${ENGINE_DIR}/src/*.cpp)
+    foreach(source IN LISTS sources)
+        file(STRINGS ${source} lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+        foreach(line IN LISTS lines)
+            if(NOT line MATCHES "\"(kvcache|kvcache_engine)/")
+                file(RELATIVE_PATH rel ${ENGINE_DIR} ${source})
+                string(APPEND violations "  engine/${rel} (the engine) includes ${line}\n")
+            endif()
+        endforeach()
+    endforeach()
+endif()
+if(violations)
+    message(FATAL_ERROR "kvcache layering broken, the library or the engine includes past its dependencies:\n${violations}")
+endif()
+message(STATUS "kvcache layering: the library includes neither engine/ nor examples/; the engine only the library")

@@ -15,14 +15,14 @@
 #include <utility>
 #include <vector>
 
-#include "common/attention_backend.hpp"
-#include "common/tiny_llama.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
 #include "kvcache/cache/step_plan.hpp"
 #include "kvcache/core/memory.hpp"
+#include "kvcache_engine/attention_backend.hpp"
+#include "kvcache_engine/tiny_llama.hpp"
 
 namespace kvcache::examples {
 

@@ -10,12 +10,12 @@
 #include <utility>
 #include <vector>
 
-#include "common/attention_backend.hpp"
-#include "common/model_weights.hpp"
-#include "common/rope.hpp"
-#include "common/tensor_ops.hpp"
-#include "common/thread_pool.hpp"
-#include "common/timing.hpp"
+#include "kvcache_engine/attention_backend.hpp"
+#include "kvcache_engine/model_weights.hpp"
+#include "kvcache_engine/rope.hpp"
+#include "kvcache_engine/tensor_ops.hpp"
+#include "kvcache_engine/thread_pool.hpp"
+#include "kvcache_engine/timing.hpp"
 
 namespace kvcache::examples {
 

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstring>
 
-#include "common/thread_pool.hpp"
+#include "kvcache_engine/thread_pool.hpp"
 
 namespace kvcache::examples {
 

@@ -1,17 +1,17 @@
 // The head shapes the examples' CUDA path is compiled for: each needs its
-// 3 layouts x 2 element types instantiated by nvcc (examples/common/CMakeLists.txt),
+// 3 layouts x 2 element types instantiated by nvcc (engine/CMakeLists.txt),
 // so the list is short: the flagship's shape and the tests' tiny checkpoint's.
 #include <vector>
 
-#include "common/compute_backend.hpp"
-#include "common/cuda_attention.hpp"
-#include "common/generation_comparison.hpp"
+#include "kvcache_engine/compute_backend.hpp"
+#include "kvcache_engine/cuda_attention.hpp"
+#include "kvcache_engine/generation_comparison.hpp"
 
 namespace kvcache::examples {
 
 namespace {
 
-using tiny_checkpoint_heads = head_config<4, 2, 16>;  // tests/model's tiny checkpoint
+using tiny_checkpoint_heads = head_config<4, 2, 16>;  // engine/tests' tiny checkpoint
 
 struct cuda_entry {
     head_shape heads;

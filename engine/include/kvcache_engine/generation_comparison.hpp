@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "common/flagship_model.hpp"
-#include "common/kvcache_attention.hpp"
-#include "common/tiny_llama.hpp"
+#include "kvcache_engine/flagship_model.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
+#include "kvcache_engine/tiny_llama.hpp"
 
 namespace kvcache::examples {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "common/model_weights.hpp"
 #include "kvcache/core/half.hpp"
+#include "kvcache_engine/model_weights.hpp"
 
 namespace kvcache::examples::testing {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/attention_backend.hpp"
+#include "kvcache_engine/attention_backend.hpp"
 
 namespace kvcache::examples::testing {
 

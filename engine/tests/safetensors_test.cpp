@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "checkpoint_writer.hpp"
-#include "common/checkpoint_loader.hpp"
+#include "kvcache_engine/checkpoint_loader.hpp"
 #include "support/scratch_dir.hpp"
 
 using namespace kvcache::examples;
@@ -266,7 +266,7 @@ TEST_CASE("config.json: products of fields that overflow int, or that no buffer 
 
 namespace {
 
-// A config.json of tests/model/configs, written by transformers 5.24 (LlamaConfig(...).save_pretrained).
+// A config.json of engine/tests/configs, written by transformers 5.24 (LlamaConfig(...).save_pretrained).
 checkpoint_config read_fixture(const std::string& name) {
     return parse_model_config(nlohmann::json::parse(std::ifstream(std::string(KVCACHE_MODEL_TEST_CONFIGS) + "/" + name)),
                               name);

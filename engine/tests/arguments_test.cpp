@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/arguments.hpp"
+#include "kvcache_engine/arguments.hpp"
 
 using kvcache::examples::arguments;
 using kvcache::examples::usage_error;

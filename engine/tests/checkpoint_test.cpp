@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "checkpoint_writer.hpp"
-#include "common/checkpoint_loader.hpp"
+#include "kvcache_engine/checkpoint_loader.hpp"
 #include "naive_cache_attention.hpp"
 #include "support/cached_generation.hpp"
 #include "support/scratch_dir.hpp"
-#include "common/device_attention.hpp"
-#include "common/kvcache_attention.hpp"
+#include "kvcache_engine/device_attention.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
 
 using namespace kvcache::examples;
 using namespace kvcache::examples::testing;

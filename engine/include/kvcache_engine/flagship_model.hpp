@@ -2,8 +2,8 @@
 // 05_streaming) and the generation benchmark run: one definition, so they cannot drift.
 #pragma once
 
-#include "common/model_config.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache_engine/model_config.hpp"
 
 namespace kvcache::examples {
 

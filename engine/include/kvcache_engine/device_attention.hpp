@@ -13,10 +13,10 @@
 #include <cstring>
 #include <vector>
 
-#include "common/kvcache_attention.hpp"
 #include "kvcache/backend/emulated.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/memory.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
 
 namespace kvcache::examples {
 

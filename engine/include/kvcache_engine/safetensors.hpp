@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/mapped_file.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/half.hpp"
+#include "kvcache_engine/mapped_file.hpp"
 
 namespace kvcache::examples {
 

@@ -1,9 +1,9 @@
-// The examples' CUDA device probe (compiled only into kvcache_example_cuda).
+// The engine's CUDA device probe (compiled only into kvcache_engine_cuda).
 #include <cuda_runtime_api.h>
 
 #include <string>
 
-#include "common/compute_backend.hpp"
+#include "kvcache_engine/compute_backend.hpp"
 
 namespace kvcache::examples {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "common/tiny_llama.hpp"
+#include "kvcache_engine/tiny_llama.hpp"
 #include "naive_cache_attention.hpp"
 #include "support/cached_generation.hpp"
 
@@ -117,7 +117,7 @@ TEST_CASE("cached generation (naive test cache) gives the tokens of recomputatio
     CHECK(varied);
 }
 
-#include "common/kvcache_attention.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
 
 TEST_CASE("cached generation through every kvcache layout and element type gives recomputation's tokens") {
     using heads = kvcache::head_config<4, 2, 16>;

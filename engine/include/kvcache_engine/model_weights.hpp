@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/model_config.hpp"
+#include "kvcache_engine/model_config.hpp"
 
 namespace kvcache::examples {
 

@@ -1,6 +1,6 @@
 // --backend auto|cpu|cuda for the examples: which backend runs the cached
 // path, and why. Plain C++: the CUDA entry points are declared only where
-// kvcache_example_cuda is linked (KVCACHE_EXAMPLE_CUDA, set by CMake), and
+// kvcache_engine_cuda is linked (KVCACHE_ENGINE_CUDA, set by CMake), and
 // otherwise every question about CUDA answers "this build has none".
 #pragma once
 
@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "common/arguments.hpp"
-#include "common/kvcache_attention.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache_engine/arguments.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
 
 namespace kvcache::examples {
 
@@ -21,7 +21,7 @@ struct cuda_device_status {
     std::string device;  ///< "NVIDIA H100 (sm_90), 1 device", when available
 };
 
-#if KVCACHE_EXAMPLE_CUDA
+#if KVCACHE_ENGINE_CUDA
 /// Asks the CUDA runtime (cudaGetDeviceCount) for a device; defined in cuda_probe.cpp.
 cuda_device_status probe_cuda_device();
 /// The CUDA cached path compiled for these heads, or nullptr; defined in cuda_runners.cpp.

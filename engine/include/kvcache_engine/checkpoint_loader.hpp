@@ -19,8 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/model_weights.hpp"
-#include "common/safetensors.hpp"
+#include "kvcache_engine/model_weights.hpp"
+#include "kvcache_engine/safetensors.hpp"
 
 namespace kvcache::examples {
 

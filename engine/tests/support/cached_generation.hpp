@@ -9,8 +9,8 @@
 #include <cstddef>
 #include <string>
 
-#include "common/kvcache_attention.hpp"
-#include "common/tiny_llama.hpp"
+#include "kvcache_engine/kvcache_attention.hpp"
+#include "kvcache_engine/tiny_llama.hpp"
 
 namespace kvcache::examples::testing {
 

@@ -8,11 +8,11 @@
 #include <cstddef>
 #include <vector>
 
-#include "common/model_config.hpp"
-#include "common/tensor_ops.hpp"
-#include "common/thread_pool.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/layout/layout_interface.hpp"
+#include "kvcache_engine/model_config.hpp"
+#include "kvcache_engine/tensor_ops.hpp"
+#include "kvcache_engine/thread_pool.hpp"
 
 namespace kvcache::examples {
 

@@ -3,7 +3,7 @@
 // device) and a policy that copies with cudaMemcpyAsync and hands out a
 // cuda_backend on its one stream (append, prefill, decode).
 // Plain C++ over kvcache/backend/cuda.hpp; the kernels are linked from
-// kvcache_example_cuda_kernels (examples/common/CMakeLists.txt).
+// kvcache_engine_cuda_kernels (engine/CMakeLists.txt).
 #pragma once
 
 #include "kvcache/core/config.hpp"
@@ -14,10 +14,10 @@
 #include <cstddef>
 #include <vector>
 
-#include "common/device_attention.hpp"
 #include "kvcache/backend/cuda.hpp"
 #include "kvcache/core/cuda_error.hpp"
 #include "kvcache/core/device_memory.hpp"
+#include "kvcache_engine/device_attention.hpp"
 
 namespace kvcache::examples {
 

@@ -55,8 +55,8 @@ public:
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
-        constexpr std::size_t q_row = std::size_t(heads::query_heads) * heads::head_dim;
-        constexpr std::size_t kv_row = std::size_t(heads::kv_heads) * heads::head_dim;
+        constexpr std::size_t q_row = std::size_t(heads::query_heads()) * heads::head_dim;
+        constexpr std::size_t kv_row = std::size_t(heads::kv_heads()) * heads::head_dim;
         const std::size_t q_count = std::size_t(tokens) * q_row, kv_count = std::size_t(tokens) * kv_row;
         // One upload per layer: [queries | keys | values] in the cache's element type.
         const std::size_t upload = q_count + 2 * kv_count;

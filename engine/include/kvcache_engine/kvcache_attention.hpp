@@ -74,8 +74,8 @@ public:
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
-        const std::size_t q_count = std::size_t(tokens) * heads::query_heads * heads::head_dim;
-        const std::size_t kv_count = std::size_t(tokens) * heads::kv_heads * heads::head_dim;
+        const std::size_t q_count = std::size_t(tokens) * heads::query_heads() * heads::head_dim;
+        const std::size_t kv_count = std::size_t(tokens) * heads::kv_heads() * heads::head_dim;
         append_and_attend(backend_, plan_, layer, span<const float>(q, q_count), span<const float>(k, kv_count),
                           span<const float>(v, kv_count), span<float>(out, q_count));
     }

@@ -20,5 +20,6 @@ void run_decode_bandwidth(const options&, report&);
 void run_layout_overhead(const options&, report&);
 void run_memory_waste(const options&, report&);
 void run_prefill(const options&, report&);
+void run_dynamic_heads(const options&, report&);
 
 }  // namespace kvcache::bench

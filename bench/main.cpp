@@ -23,6 +23,7 @@ const benchmark_entry all_benchmarks[] = {
     {"layout_overhead", run_layout_overhead},
     {"prefill", run_prefill},
     {"generation", run_generation},
+    {"dynamic_heads", run_dynamic_heads},
 };
 
 void print_help() {

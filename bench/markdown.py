@@ -102,6 +102,17 @@ def main():
         print("### prefill\n")
         print(table(["element", "prefix", "chunk", "ms/chunk", "tokens_per_s", "gflop_per_s"], rows))
 
+    rows = []
+    for r in of("dynamic_heads"):
+        p, m = r["params"], r["metrics"]
+        rows.append([p["operation"], p["element"], str(p.get("batch", "")), str(p.get("context", "")),
+                     str(p.get("chunk", "")), spread(m, "compiled_ms"), spread(m, "dynamic_ms"),
+                     f'{m["ratio_to_compiled"]:.3f} ({m["ratio_min"]:.3f} .. {m["ratio_max"]:.3f})'])
+    if rows:
+        print("### dynamic_heads\n")
+        print(table(["operation", "element", "batch", "context", "chunk", "compiled ms", "dynamic ms",
+                     "dynamic / compiled (per-round min .. max)"], rows))
+
 
 if __name__ == "__main__":
     main()

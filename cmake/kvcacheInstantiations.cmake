@@ -4,7 +4,9 @@
 #   kvcache_add_cuda_instantiations(<target>
 #       CONFIGURATIONS <layout>:<element>:<query heads>:<kv heads>:<head dim> ...)
 #
-# layout: contiguous | paged | sliding_window; element: fp32 | fp16. Makes the
+# layout: contiguous | paged | sliding_window; element: fp32 | fp16; a head
+# count may be "dynamic" (kvcache::dynamic: one TU serves every count of that
+# head dimension, e.g. paged:fp16:dynamic:dynamic:128). Makes the
 # static library <target> (link it and include kvcache/backend/cuda.hpp from
 # plain C++) and a header <target>_configurations.hpp on its include path
 # defining kvcache::compiled::<target> (a type_list for kvcache::dispatch).
@@ -82,7 +84,20 @@ function(kvcache_add_cuda_instantiations target)
         else()
             message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not fp32 or fp16")
         endif()
-        set(heads "kvcache::head_config<${q}, ${kv}, ${dim}>")
+        # A head count may be "dynamic": one instantiation then serves every count (kvcache::dynamic).
+        set(q_arg "${q}")
+        set(kv_arg "${kv}")
+        if(q STREQUAL "dynamic")
+            set(q_arg "kvcache::dynamic")
+        endif()
+        if(kv STREQUAL "dynamic")
+            set(kv_arg "kvcache::dynamic")
+        endif()
+        if(NOT q_arg MATCHES "^([1-9][0-9]*|kvcache::dynamic)$" OR NOT kv_arg MATCHES "^([1-9][0-9]*|kvcache::dynamic)$"
+           OR NOT dim MATCHES "^[1-9][0-9]*$")
+            message(FATAL_ERROR "kvcache: heads in '${KVCACHE_CONFIGURATION}' are not <count|dynamic>:<count|dynamic>:<dim>")
+        endif()
+        set(heads "kvcache::head_config<${q_arg}, ${kv_arg}, ${dim}>")
         set(KVCACHE_VIEW "kvcache::${layout}_view<${type}, ${heads}>")
         set(file "${dir}/${layout}_${element}_${q}_${kv}_${dim}.cu")
         configure_file("${templates}/kvcache_instantiation.cu.in" "${file}" @ONLY)

@@ -1,42 +1,30 @@
-// The head shapes the examples' CUDA path is compiled for: each needs its
-// 3 layouts x 2 element types instantiated by nvcc (engine/CMakeLists.txt),
-// so the list is short: the flagship's shape and the tests' tiny checkpoint's.
-#include <vector>
+// The CUDA cached path over the configurations engine/CMakeLists.txt
+// instantiates with nvcc: the list comes from the generated header, so the
+// dispatcher and the compiled kernels cannot disagree.
+#include <string>
 
+#include "kvcache/configuration/dispatch.hpp"
 #include "kvcache_engine/compute_backend.hpp"
 #include "kvcache_engine/cuda_attention.hpp"
-#include "kvcache_engine/generation_comparison.hpp"
+#include "kvcache_engine_cuda_kernels_configurations.hpp"
 
 namespace kvcache::examples {
 
 namespace {
 
-using tiny_checkpoint_heads = head_config<4, 2, 16>;  // engine/tests' tiny checkpoint
+using cuda_configurations = kvcache::compiled::kvcache_engine_cuda_kernels;
 
-struct cuda_entry {
-    head_shape heads;
-    cached_runner run;
-};
-
-std::vector<cuda_entry> cuda_entries() {
-    return {
-        {shape_of<flagship_heads>(), &generate_with_kvcache_cuda<flagship_heads>},
-        {shape_of<tiny_checkpoint_heads>(), &generate_with_kvcache_cuda<tiny_checkpoint_heads>},
-    };
+cached_generation generate_on_cuda(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                   const cache_options& cache, const generation_options& options) {
+    return generate_with_kvcache_cuda<cuda_configurations>(model, prompt, new_tokens, cache, options);
 }
 
 }  // namespace
 
-cached_runner cuda_runner_for(const head_shape& heads) {
-    for (const auto& e : cuda_entries())
-        if (e.heads == heads) return e.run;
-    return nullptr;
+cached_runner cuda_runner_for(const runtime_configuration& wanted) {
+    return supports(cuda_configurations{}, wanted) ? &generate_on_cuda : nullptr;
 }
 
-std::vector<head_shape> cuda_compiled_heads() {
-    std::vector<head_shape> out;
-    for (const auto& e : cuda_entries()) out.push_back(e.heads);
-    return out;
-}
+std::string cuda_compiled_configurations() { return describe(cuda_configurations{}); }
 
 }  // namespace kvcache::examples

@@ -77,7 +77,6 @@ TEST_CASE("a written checkpoint loads back bit for bit, in one file or sharded")
 }
 
 TEST_CASE("the loaded checkpoint generates the same ids cached (every layout, fp32 and fp16) and recomputed") {
-    using heads = kvcache::head_config<4, 2, 16>;
     thread_pool pool(2);
     std::string dir = fresh_dir("generate");
     write_checkpoint(dir, make_random_weights(tiny_config("qwen2"), 9), {"BF16"});
@@ -87,7 +86,7 @@ TEST_CASE("the loaded checkpoint generates the same ids cached (every layout, fp
     for_each_cache_kind(4, 8, 2, 4, [&](const cache_options& cache) {
         recompute_attention recompute(config.model, pool, cache.element, cache.visibility());
         auto slow = generate(model, prompt, 16, recompute, generation_mode::recompute);
-        auto fast = generate_with_kvcache<heads>(model, prompt, 16, cache).trace;
+        auto fast = generate_with_kvcache<>(model, prompt, 16, cache).trace;
         CHECK(slow.tokens == fast.tokens);
     });
 }
@@ -152,7 +151,7 @@ TEST_CASE("Qwen2 windowing some layers: cached (every layout) equals recomputed,
     for_each_cache_kind(4, 8, 2, 4, [&](const cache_options& cache) {
         recompute_attention recompute(model.config(), pool, cache.element, cache.visibility());
         auto slow = generate(model, prompt, 12, recompute, generation_mode::recompute, keep);
-        auto fast = generate_with_kvcache<heads>(model, prompt, 12, cache, keep).trace;
+        auto fast = generate_with_kvcache<>(model, prompt, 12, cache, keep).trace;
         CHECK(slow.tokens == fast.tokens);
         CHECK(largest_logit_difference(fast, slow) < 1e-3);
         if (cache.element == kvcache::element_kind::fp32 && cache.layout != kvcache::layout_kind::sliding_window) {

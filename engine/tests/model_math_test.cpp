@@ -120,7 +120,6 @@ TEST_CASE("cached generation (naive test cache) gives the tokens of recomputatio
 #include "kvcache_engine/kvcache_attention.hpp"
 
 TEST_CASE("cached generation through every kvcache layout and element type gives recomputation's tokens") {
-    using heads = kvcache::head_config<4, 2, 16>;
     thread_pool pool(2);
     model_config c = small_config();
     llama_model model(make_random_weights(c, 5), pool);
@@ -130,7 +129,7 @@ TEST_CASE("cached generation through every kvcache layout and element type gives
     testing::for_each_cache_kind(8, 16, 2, 8, [&](const cache_options& cache) {
         recompute_attention recompute(c, pool, cache.element, cache.visibility());
         auto slow = generate(model, prompt, 12, recompute, generation_mode::recompute, keep_logits());
-        auto fast = generate_with_kvcache<heads>(model, prompt, 12, cache, keep_logits()).trace;
+        auto fast = generate_with_kvcache<>(model, prompt, 12, cache, keep_logits()).trace;
         CHECK(slow.tokens == fast.tokens);
         CHECK(testing::largest_logit_difference(slow, fast) < 1e-3);
     });

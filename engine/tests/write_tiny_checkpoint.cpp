@@ -16,14 +16,21 @@ int main(int argc, char** argv) {
     std::string type = argc == 3 ? argv[2] : "llama";
     const bool llama3 = type == "llama3" || type == "llama3_rope_parameters";
     const bool qwen2_windowed = type == "qwen2_mixed" || type == "qwen2_max_window_layers";
-    if (argc < 2 || argc > 3 || (type != "llama" && type != "qwen2" && type != "mistral" && !llama3 && !qwen2_windowed)) {
+    const bool odd_heads = type == "odd_heads";
+    if (argc < 2 || argc > 3 ||
+        (type != "llama" && type != "qwen2" && type != "mistral" && !llama3 && !qwen2_windowed && !odd_heads)) {
         std::fprintf(stderr, "usage: model_write_tiny_checkpoint DIR [llama|qwen2|mistral|llama3|llama3_rope_parameters|"
-                             "qwen2_mixed|qwen2_max_window_layers]\n");
+                             "qwen2_mixed|qwen2_max_window_layers|odd_heads]\n");
         return 2;
     }
     try {
         using namespace kvcache::examples;
-        model_config config = testing::tiny_config(llama3 ? "llama_bias" : qwen2_windowed ? "qwen2" : type);
+        model_config config =
+            testing::tiny_config(llama3 ? "llama_bias" : qwen2_windowed ? "qwen2" : odd_heads ? "llama" : type);
+        if (odd_heads) {  // 6 query heads over 3 KV heads: a shape nothing compiles, run by dynamic head counts
+            config.num_query_heads = 6;
+            config.num_kv_heads = 3;
+        }
         std::string extra, rope_parameters;
         if (type == "mistral") extra = "\"sliding_window\": 8,\n  ";
         if (llama3) {

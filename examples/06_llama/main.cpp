@@ -17,7 +17,6 @@
 #include "kvcache_engine/kvcache_attention.hpp"
 #include "kvcache_engine/timing.hpp"
 #include "kvcache_engine/tiny_llama.hpp"
-#include "supported_heads.hpp"
 
 namespace ex = kvcache::examples;
 
@@ -118,36 +117,38 @@ int run(int argc, char** argv) {
 
     const bool want_cached = !args.has("--no-cache");
     const bool want_recompute = args.has("--no-cache") || args.has("--compare");
-    llama_example::cached_runner runner = nullptr;
+    ex::cached_runner runner = nullptr;
+    // The checkpoint's shape reaches compiled code through kvcache::dispatch: its head counts
+    // compiled when engine_configurations has them, else the dynamic ones of its head dimension.
+    const kvcache::runtime_configuration wanted = ex::wanted_configuration_of(config, cache);
     if (want_cached) {
-        std::string list;
-        for (const auto& e : llama_example::supported_heads()) {
-            if (e.shape == config.heads()) runner = e.run;
-            list += "\n  " + e.shape.to_string() + "  (" + e.models + ")";
-        }
-        if (!runner)
+        if (!kvcache::supports(ex::engine_configurations{}, wanted))
             throw ex::usage_error("the checkpoint's heads " + config.heads().to_string() +
-                                  " (num_attention_heads/num_key_value_heads/head_dim) are not compiled into this example;"
-                                  " --no-cache runs any shape, or add it to examples/06_llama/heads_*.cpp. Compiled:" + list);
+                                  " (num_attention_heads/num_key_value_heads/head_dim) have a head dimension no compiled"
+                                  " configuration covers; --no-cache runs any shape. Compiled: " +
+                                  kvcache::describe(ex::engine_configurations{}));
+        runner = &ex::generate_with_kvcache<>;
     }
     ex::backend_choice backend{ex::compute_backend::cpu, "--no-cache: recomputation runs on the CPU"};
     if (want_cached) {
         backend = ex::choose_backend(backend_request);
         if (backend.backend == ex::compute_backend::cuda) {
-            if (ex::cached_runner cuda = ex::cuda_runner_for(config.heads())) {
+            if (ex::cached_runner cuda = ex::cuda_runner_for(wanted)) {
                 runner = cuda;
             } else {
-                // Each CUDA shape costs six nvcc instantiations, so only a few are compiled.
-                std::string list;
-                for (const auto& h : ex::cuda_compiled_heads()) list += " " + h.to_string();
-                const std::string why = "the checkpoint's heads " + config.heads().to_string() +
-                                        " are not compiled for the CUDA backend (compiled:" + list +
-                                        "; add one in engine/src/cuda_runners.cpp and CMakeLists.txt)";
+                // Each CUDA configuration costs an nvcc translation unit, so only a few are compiled.
+                const std::string why = "no configuration compiled for the CUDA backend runs " + wanted.to_string() +
+                                        " (compiled: " + ex::cuda_compiled_configurations() +
+                                        "; add one in engine/CMakeLists.txt)";
                 if (backend_request == "cuda") throw ex::usage_error("--backend cuda: " + why);
                 backend = {ex::compute_backend::cpu, "--backend auto found a CUDA device, but " + why};
             }
         }
     }
+    if (want_cached)
+        std::printf("heads: %s, %s\n", config.heads().to_string().c_str(),
+                    kvcache::compiled_for(ex::engine_configurations{}, wanted) ? "compiled head counts"
+                                                                            : "dynamic head counts (generic instantiation)");
     const bool on_cuda = backend.backend == ex::compute_backend::cuda;
 
     ex::thread_pool pool(threads);

@@ -12,6 +12,7 @@
 #include "kvcache/core.hpp"
 #include "kvcache/execution.hpp"
 #include "kvcache/layout.hpp"
+#include "kvcache/configuration.hpp"
 #include "kvcache/cache.hpp"
 #include "kvcache/kernels.hpp"
 #include "kvcache/backend.hpp"

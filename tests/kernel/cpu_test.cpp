@@ -36,6 +36,10 @@ TEST_CASE("cpu backend passes the backend suite: odd shapes, merge, empty sequen
     check_window_mask(cpu, "cpu");
 }
 
+TEST_CASE("cpu backend passes the backend suite: head counts given at run time") {
+    check_dynamic_heads(cpu_backend{}, "cpu");
+}
+
 TEST_CASE("cpu backend gives the same answer on one thread and on several, split or not") {
     using heads = head_config<8, 2, 64>;
     context_case c{"long", {700}, 0, 0, 16, {1}, {}};

@@ -69,3 +69,7 @@ TEST_CASE("emulated kernels: merge, split counts, empty sequences, cascade atten
     check_split_counts(emulated_backend{}, "emulated");
     check_cascade<float>(emulated_backend{}, "emulated");
 }
+
+TEST_CASE("emulated kernels: head counts given at run time (dynamic head_config)") {
+    for_schedules([](const emulated_backend& backend) { check_dynamic_heads(backend, "emulated"); });
+}

@@ -43,3 +43,48 @@ TEST_CASE("a strided view over memory laid out token-major (as llama.cpp stores 
     for (std::size_t i = 0; i < outputs.size(); ++i) CHECK(outputs[i] == doctest::Approx(expected[i]).epsilon(1e-5));
     CHECK(external.key(1, 1, 3) == keys.data() + (std::size_t(capacity) + 3) * kv * dim + dim);
 }
+
+TEST_CASE("a token-major paged view over a block pool laid out as vLLM's (NHD) attends like the cache") {
+    // vLLM's flash layout: key_cache[num_blocks][block_size][num_kv_heads][head_size], values alike;
+    // block tables hand out blocks in any order. Block size 4, 7 blocks, two sequences.
+    constexpr int block = 4, blocks = 7, dim = heads::head_dim, kv = heads::kv_heads();
+    const std::vector<int> lengths = {9, 6};
+    const std::vector<int> page_offsets = {0, 3, 5};             // CSR over the block table
+    const std::vector<int> block_table = {5, 0, 3, 6, 2};        // sequence 0: blocks 5, 0, 3; sequence 1: 6, 2
+    std::vector<float> keys(std::size_t(blocks) * block * kv * dim), values(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i)
+        keys[i] = 0.013f * float(i % 101) - 0.6f, values[i] = 0.017f * float(i % 83) - 0.7f;
+    using view_type = token_major_paged_view<float, heads>;
+    const auto external = view_type::packed(keys.data(), values.data(), page_offsets.data(), block_table.data(),
+                                            lengths.data(), 2, block);
+    // Row (sequence 1, kv head 1, position 5): block 2, slot 1 of the block, head 1.
+    CHECK(external.key(1, 1, 5) == keys.data() + ((std::size_t(2) * block + 1) * kv + 1) * dim);
+    // The same rows copied token by token into kvcache's own (head-major) cache.
+    paged_cache<float, heads> cache(1, 16, 4);
+    std::vector<sequence_id> batch;
+    for (int b = 0; b < 2; ++b) {
+        batch.push_back(cache.add_sequence());
+        std::vector<float> k, v;
+        for (int p = 0; p < lengths[b]; ++p)
+            for (int h = 0; h < kv; ++h) {
+                const float* key = external.key(b, h, p);
+                const float* value = external.value(b, h, p);
+                k.insert(k.end(), key, key + dim);
+                v.insert(v.end(), value, value + dim);
+            }
+        cache.append(batch.back(), 0, k, v, lengths[b]);
+    }
+    std::vector<float> queries(std::size_t(15) * q_row);
+    for (std::size_t i = 0; i < queries.size(); ++i) queries[i] = 0.04f * float(i % 17) - 0.3f;
+    const std::vector<int> offsets = {0, 9, 15};
+    std::vector<float> outputs(queries.size()), expected(queries.size());
+    cpu_backend{}.prefill(prefill_params(external, queries, offsets, outputs));
+    reference_backend{}.prefill(prefill_params(cache.view(0, batch), queries, offsets, expected));
+    for (std::size_t i = 0; i < outputs.size(); ++i) CHECK(outputs[i] == doctest::Approx(expected[i]).epsilon(1e-5));
+    // Decode through the emulated kernels reads the same pool (the CUDA path's code).
+    const std::vector<float> decode_queries(queries.begin(), queries.begin() + 2 * q_row);
+    std::vector<float> decoded(decode_queries.size()), decoded_expected(decode_queries.size());
+    cpu_backend{}.decode(decode_params(external, decode_queries, decoded));
+    reference_backend{}.decode(decode_params(cache.view(0, batch), decode_queries, decoded_expected));
+    for (std::size_t i = 0; i < decoded.size(); ++i) CHECK(decoded[i] == doctest::Approx(decoded_expected[i]).epsilon(1e-5));
+}

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kvcache/backend/cuda.hpp"
-#include "kvcache/backend/presets.hpp"
+#include "kvcache/configuration/presets.hpp"
 #include "kvcache_kernel_gpu_configurations.hpp"
 #include "support/attention_harness.hpp"
 #include "support/layout_factories.hpp"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvcache/backend/reference.hpp"
+#include "kvcache/layout/contiguous_view.hpp"
 #include "support/scatter_layout.hpp"
 
 using namespace kvcache;
@@ -156,4 +157,49 @@ TEST_CASE("reference append at explicit positions writes exactly those rows") {
     CHECK(cache.view().key(0, 0, 3)[0] == 1.0f);
     CHECK(cache.view().value(0, 0, 1)[5] == 2.0f);
     CHECK(cache.view().key(0, 0, 0)[0] == before);
+}
+
+TEST_CASE("reference over a dynamic head_config equals the compiled one over the same memory, bit for bit") {
+    using compiled = head_config<6, 2, 16>;
+    using runtime = dynamic_heads<16>;
+    const std::vector<int> lengths = {5, 9};
+    std::vector<float> keys(2 * 2 * 12 * 16), values(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        keys[i] = std::sin(0.37f * float(i));
+        values[i] = std::cos(0.11f * float(i));
+    }
+    const auto fixed = contiguous_view<float, compiled>::packed(keys.data(), values.data(), lengths.data(), nullptr, 2, 12);
+    const auto dynamic =
+        contiguous_view<float, runtime>::packed(keys.data(), values.data(), lengths.data(), nullptr, 2, 12, runtime{6, 2});
+    CHECK(dynamic.query_heads() == 6);
+    CHECK(dynamic.kv_heads() == 2);
+    CHECK(dynamic.group_size() == 3);
+    std::vector<float> queries(14 * 6 * 16);
+    for (std::size_t i = 0; i < queries.size(); ++i) queries[i] = std::sin(1.3f * float(i));
+    const std::vector<int> offsets = {0, 5, 14};
+    std::vector<float> out_a(queries.size()), out_b(queries.size());
+    const auto a = reference_backend{}.prefill_exact(prefill_params(fixed, queries, offsets, out_a));
+    const auto b = reference_backend{}.prefill_exact(prefill_params(dynamic, queries, offsets, out_b));
+    CHECK(a.outputs == b.outputs);
+    CHECK(a.lse == b.lse);
+    const std::vector<float> decode_queries(queries.begin(), queries.begin() + 2 * 6 * 16);
+    std::vector<float> d_a(decode_queries.size()), d_b(decode_queries.size());
+    CHECK(reference_backend{}.decode_exact(decode_params(fixed, decode_queries, d_a)).outputs ==
+          reference_backend{}.decode_exact(decode_params(dynamic, decode_queries, d_b)).outputs);
+}
+
+TEST_CASE("a dynamic head_config refuses counts that break the rules, naming them") {
+    using runtime = dynamic_heads<32>;
+    CHECK_THROWS_WITH_AS(runtime(30, 8), doctest::Contains("query_heads = 30 is not a multiple of kv_heads = 8"), kvcache::error);
+    CHECK_THROWS_WITH_AS(runtime(0, 1), doctest::Contains("query_heads = 0 must be positive"), kvcache::error);
+    CHECK_THROWS_WITH_AS((head_config<dynamic, 2, 32>(6, 3)), doctest::Contains("kv_heads = 3 but this configuration is compiled for 2"),
+                         kvcache::error);
+    CHECK_THROWS_WITH_AS(runtime(head_shape{8, 2, 64}), doctest::Contains("head_dim = 64 but this configuration is compiled for 32"),
+                         kvcache::error);
+    // A view whose counts were never set is refused by every call, not read as zero heads.
+    const std::vector<int> lengths = {1};
+    std::vector<float> rows(64), queries(32), outputs(32);
+    const auto unset = contiguous_view<float, runtime>::packed(rows.data(), rows.data(), lengths.data(), nullptr, 1, 1);
+    CHECK_THROWS_WITH_AS(reference_backend{}.decode(decode_params(unset, queries, outputs)),
+                         doctest::Contains("is not set: a view over a dynamic head_config takes its counts"), kvcache::error);
 }

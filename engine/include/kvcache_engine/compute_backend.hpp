@@ -24,16 +24,18 @@ struct cuda_device_status {
 #if KVCACHE_ENGINE_CUDA
 /// Asks the CUDA runtime (cudaGetDeviceCount) for a device; defined in cuda_probe.cpp.
 cuda_device_status probe_cuda_device();
-/// The CUDA cached path compiled for these heads, or nullptr; defined in cuda_runners.cpp.
-cached_runner cuda_runner_for(const head_shape& heads);
-/// The head shapes the CUDA path is compiled for.
-std::vector<head_shape> cuda_compiled_heads();
+/// The CUDA cached path when a configuration compiled for it runs `wanted`
+/// (its head counts compiled, or dynamic ones of its head dimension), else
+/// nullptr; defined in cuda_runners.cpp.
+cached_runner cuda_runner_for(const runtime_configuration& wanted);
+/// The configurations the CUDA path is compiled for, as text.
+std::string cuda_compiled_configurations();
 #else
 inline cuda_device_status probe_cuda_device() {
     return {false, "this build has no CUDA backend (configure with nvcc found and -DKVCACHE_ENABLE_CUDA=ON)", ""};
 }
-inline cached_runner cuda_runner_for(const head_shape&) { return nullptr; }
-inline std::vector<head_shape> cuda_compiled_heads() { return {}; }
+inline cached_runner cuda_runner_for(const runtime_configuration&) { return nullptr; }
+inline std::string cuda_compiled_configurations() { return "none"; }
 #endif
 
 /// The backend that runs the cached path (emulated: the CUDA path's steps on the SIMT emulator).

@@ -70,19 +70,17 @@ private:
 template <class Cache>
 using cuda_kvcache_attention = device_attention<Cache, cuda_stream_device>;
 
-/// Greedy generation with the K/V in a kvcache owner in device memory, attention by the CUDA backend.
-/// @tparam Heads the head_config matching model.config() (checked); its six configurations must be
-///         instantiated (kvcache_add_cuda_instantiations) in a linked library
-template <class Heads>
+/// Greedy generation with the K/V in a kvcache owner in device memory, attention
+/// by the CUDA backend, dispatched over the configurations compiled for it.
+/// @tparam Configurations the type_list of configurations instantiated
+///         (kvcache_add_cuda_instantiations) in a linked library: its generated list
+template <class Configurations>
 cached_generation generate_with_kvcache_cuda(llama_model& model, const std::vector<int>& prompt, int new_tokens,
                                              const cache_options& cache, const generation_options& options = {}) {
-    require(model.config().heads() == shape_of<Heads>(), error_code::invalid_argument, "model heads ",
-            model.config().heads().to_string(), " do not match the compiled head_config ", shape_of<Heads>().to_string());
-    if (cache.element == element_kind::fp16)
-        return detail::generate_with_element<half, Heads, device_memory, cuda_kvcache_attention>(model, prompt,
-                                                                                               new_tokens, cache, options);
-    return detail::generate_with_element<float, Heads, device_memory, cuda_kvcache_attention>(model, prompt, new_tokens,
-                                                                                            cache, options);
+    return dispatch(Configurations{}, wanted_configuration(model, cache), [&](auto config) {
+        return detail::generate_configured<decltype(config), device_memory, cuda_kvcache_attention>(
+            config, model, prompt, new_tokens, cache, options);
+    });
 }
 
 }  // namespace kvcache::examples

@@ -55,8 +55,8 @@ public:
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
-        constexpr std::size_t q_row = std::size_t(heads::query_heads()) * heads::head_dim;
-        constexpr std::size_t kv_row = std::size_t(heads::kv_heads()) * heads::head_dim;
+        const std::size_t q_row = std::size_t(cache_.query_heads()) * heads::head_dim;
+        const std::size_t kv_row = std::size_t(cache_.kv_heads()) * heads::head_dim;
         const std::size_t q_count = std::size_t(tokens) * q_row, kv_count = std::size_t(tokens) * kv_row;
         // One upload per layer: [queries | keys | values] in the cache's element type.
         const std::size_t upload = q_count + 2 * kv_count;
@@ -119,18 +119,18 @@ struct emulated_device {
 template <class Cache>
 using emulated_kvcache_attention = device_attention<Cache, emulated_device>;
 
-/// Greedy generation through the GPU path's steps on the SIMT emulator (host memory).
-/// @tparam Heads the head_config matching model.config() (checked)
+/// Greedy generation through the GPU path's steps on the SIMT emulator (host
+/// memory), dispatched over every layout and element type for one head
+/// configuration (the emulator compiles the kernel bodies per configuration).
+/// @tparam Heads the head_config the model's heads must run on (compiled equal, or dynamic)
 template <class Heads>
 cached_generation generate_with_kvcache_emulated(llama_model& model, const std::vector<int>& prompt, int new_tokens,
                                                  const cache_options& cache, const generation_options& options = {}) {
-    require(model.config().heads() == shape_of<Heads>(), error_code::invalid_argument, "model heads ",
-            model.config().heads().to_string(), " do not match the compiled head_config ", shape_of<Heads>().to_string());
-    if (cache.element == element_kind::fp16)
-        return detail::generate_with_element<half, Heads, host_memory, emulated_kvcache_attention>(model, prompt,
-                                                                                                 new_tokens, cache, options);
-    return detail::generate_with_element<float, Heads, host_memory, emulated_kvcache_attention>(model, prompt, new_tokens,
-                                                                                              cache, options);
+    using configurations = configuration_product_t<all_layouts, all_elements, type_list<Heads>>;
+    return dispatch(configurations{}, wanted_configuration(model, cache), [&](auto config) {
+        return detail::generate_configured<decltype(config), host_memory, emulated_kvcache_attention>(
+            config, model, prompt, new_tokens, cache, options);
+    });
 }
 
 }  // namespace kvcache::examples

@@ -61,7 +61,7 @@ inline double tokens_per_second(const std::vector<double>& seconds) {
 
 /// The cached side of a comparison.
 struct cached_path {
-    cached_runner run = nullptr;            ///< generate_with_kvcache<Heads> (CPU) or its CUDA twin
+    cached_runner run = nullptr;            ///< generate_with_kvcache<> (CPU) or its CUDA twin
     bool element_queries_outputs = false;   ///< attention takes queries and gives outputs in the cache's element type (CUDA)
 };
 
@@ -99,14 +99,12 @@ inline generation_comparison compare_generation(llama_model& model, const std::v
     return m;
 }
 
-/// compare_generation with kvcache's CPU backend as the cached path.
-/// @tparam Heads the head_config matching the model
-template <class Heads>
-generation_comparison compare_generation(llama_model& model, const std::vector<int>& prompt, int new_tokens,
-                                         const cache_options& cache,
-                                         const std::function<void(const char*, int)>& progress = {}) {
-    return compare_generation(model, prompt, new_tokens, cache, cached_path{&generate_with_kvcache<Heads>, false},
-                              progress);
+/// compare_generation with kvcache's CPU backend as the cached path (dispatched
+/// over engine_configurations for the model's heads).
+inline generation_comparison compare_generation(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                                const cache_options& cache,
+                                                const std::function<void(const char*, int)>& progress = {}) {
+    return compare_generation(model, prompt, new_tokens, cache, cached_path{&generate_with_kvcache<>, false}, progress);
 }
 
 }  // namespace kvcache::examples

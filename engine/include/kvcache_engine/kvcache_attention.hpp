@@ -20,6 +20,7 @@
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
 #include "kvcache/cache/step_plan.hpp"
+#include "kvcache/configuration/dispatch.hpp"
 #include "kvcache/core/memory.hpp"
 #include "kvcache_engine/attention_backend.hpp"
 #include "kvcache_engine/tiny_llama.hpp"
@@ -74,8 +75,8 @@ public:
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
-        const std::size_t q_count = std::size_t(tokens) * heads::query_heads() * heads::head_dim;
-        const std::size_t kv_count = std::size_t(tokens) * heads::kv_heads() * heads::head_dim;
+        const std::size_t q_count = std::size_t(tokens) * cache_.query_heads() * heads::head_dim;
+        const std::size_t kv_count = std::size_t(tokens) * cache_.kv_heads() * heads::head_dim;
         append_and_attend(backend_, plan_, layer, span<const float>(q, q_count), span<const float>(k, kv_count),
                           span<const float>(v, kv_count), span<float>(out, q_count));
     }
@@ -157,26 +158,24 @@ cached_generation generate_in(Cache& cache, llama_model& model, const std::vecto
     return result;
 }
 
-// The owner of `layers` layers in the layout the options choose, handed to f(owner).
+// The owner of `layers` layers in the dispatched layout, handed to f(owner).
 template <class Element, class Heads, class Memory, class F>
-cached_generation with_owner(const cache_options& cache, int layers, int total, F&& f) {
-    switch (cache.layout) {
-    case layout_kind::contiguous: {
-        static_cache<Element, Heads, Memory> owner(layers, 1, total);
-        return f(owner);
-    }
-    case layout_kind::paged: {
-        require(cache.page_size > 0, error_code::invalid_argument, "page size ", cache.page_size, " must be positive");
-        paged_cache<Element, Heads, Memory> owner(layers, (total + cache.page_size - 1) / cache.page_size,
-                                                  cache.page_size, false);
-        return f(owner);
-    }
-    case layout_kind::sliding_window: {
-        sliding_window_cache<Element, Heads, Memory> owner(layers, 1, cache.window, cache.sinks, cache.prefill_chunk);
-        return f(owner);
-    }
-    }
-    throw_error(error_code::invalid_argument, "unknown layout");
+cached_generation with_owner(contiguous_layout, const Heads& heads, const cache_options&, int layers, int total, F&& f) {
+    static_cache<Element, Heads, Memory> owner(heads, layers, 1, total);
+    return f(owner);
+}
+template <class Element, class Heads, class Memory, class F>
+cached_generation with_owner(paged_layout, const Heads& heads, const cache_options& cache, int layers, int total, F&& f) {
+    require(cache.page_size > 0, error_code::invalid_argument, "page size ", cache.page_size, " must be positive");
+    paged_cache<Element, Heads, Memory> owner(heads, layers, (total + cache.page_size - 1) / cache.page_size,
+                                              cache.page_size, false);
+    return f(owner);
+}
+template <class Element, class Heads, class Memory, class F>
+cached_generation with_owner(sliding_window_layout, const Heads& heads, const cache_options& cache, int layers, int,
+                             F&& f) {
+    sliding_window_cache<Element, Heads, Memory> owner(heads, layers, 1, cache.window, cache.sinks, cache.prefill_chunk);
+    return f(owner);
 }
 
 // Memory and Attention let the CUDA path (cuda_attention.hpp) reuse the owner set-up with
@@ -184,9 +183,13 @@ cached_generation with_owner(const cache_options& cache, int layers, int total, 
 // Layers the model windows always go into a sliding-window owner with the model's window and no
 // sinks: that is their attention, and it needs memory for the window alone. The other layers go
 // into the layout the options choose.
-template <class Element, class Heads, class Memory = host_memory, template <class> class Attention = kvcache_attention>
-cached_generation generate_with_element(llama_model& model, const std::vector<int>& prompt, int new_tokens,
-                                        const cache_options& cache, generation_options options) {
+template <class Configuration, class Memory = host_memory, template <class> class Attention = kvcache_attention>
+cached_generation generate_configured(const Configuration& config, llama_model& model, const std::vector<int>& prompt,
+                                      int new_tokens, const cache_options& cache, generation_options options) {
+    using Element = typename Configuration::element;
+    using Heads = typename Configuration::heads;
+    using Layout = typename Configuration::layout;
+    const Heads& heads = config.head_counts();
     const model_config& c = model.config();
     const int total = static_cast<int>(prompt.size()) + new_tokens;
     std::vector<int> full, windowed;
@@ -204,13 +207,13 @@ cached_generation generate_with_element(llama_model& model, const std::vector<in
     }
     if (cache.layout == layout_kind::sliding_window || !windowed.empty()) options.prefill_chunk = cache.prefill_chunk;
     if (windowed.empty())
-        return with_owner<Element, Heads, Memory>(cache, c.num_layers, total, [&](auto& owner) {
+        return with_owner<Element, Heads, Memory>(Layout{}, heads, cache, c.num_layers, total, [&](auto& owner) {
             return generate_in<Attention>(owner, model, prompt, new_tokens, options);
         });
     using window_owner = sliding_window_cache<Element, Heads, Memory>;
-    window_owner windows(static_cast<int>(windowed.size()), 1, window, 0, cache.prefill_chunk);
+    window_owner windows(heads, static_cast<int>(windowed.size()), 1, window, 0, cache.prefill_chunk);
     if (full.empty()) return generate_in<Attention>(windows, model, prompt, new_tokens, options);
-    return with_owner<Element, Heads, Memory>(cache, static_cast<int>(full.size()), total, [&](auto& owner) {
+    return with_owner<Element, Heads, Memory>(Layout{}, heads, cache, static_cast<int>(full.size()), total, [&](auto& owner) {
         using full_owner = std::decay_t<decltype(owner)>;
         cached_generation result;
         {
@@ -229,16 +232,35 @@ cached_generation generate_with_element(llama_model& model, const std::vector<in
 
 }  // namespace detail
 
-/// Greedy generation with the K/V in a kvcache owner chosen at run time.
-/// @tparam Heads the head_config matching model.config() (checked)
-template <class Heads>
+/// The configurations the cached CPU path is compiled for: the flagship's and
+/// the test checkpoints' head shapes at full speed, and through dynamic head
+/// counts every shape of the usual head dimensions (kvcache::dynamic_head_dims,
+/// and 16 and 32 for small test models). Any checkpoint of those dimensions runs.
+using engine_configurations =
+    concat_t<configuration_product_t<all_layouts, all_elements, type_list<head_config<8, 2, 32>, head_config<4, 2, 16>>>,
+             configuration_product_t<all_layouts, all_elements,
+                                     concat_t<type_list<dynamic_heads<16>, dynamic_heads<32>>, dynamic_head_dims>>>;
+
+/// The runtime configuration the cached path asks the dispatcher for.
+inline runtime_configuration wanted_configuration_of(const model_config& config, const cache_options& cache) {
+    return {cache.layout, cache.element, config.heads()};
+}
+/// The same for a loaded model.
+inline runtime_configuration wanted_configuration(const llama_model& model, const cache_options& cache) {
+    return wanted_configuration_of(model.config(), cache);
+}
+
+/// Greedy generation with the K/V in a kvcache owner of the layout and element
+/// type chosen at run time and the model's head shape, through kvcache::dispatch
+/// over Configurations (compiled head counts first, then dynamic ones).
+/// Throws unsupported_configuration listing what is compiled when none runs it.
+/// @tparam Configurations a type_list of kvcache::configuration
+template <class Configurations = engine_configurations>
 cached_generation generate_with_kvcache(llama_model& model, const std::vector<int>& prompt, int new_tokens,
                                         const cache_options& cache, const generation_options& options = {}) {
-    require(model.config().heads() == shape_of<Heads>(), error_code::invalid_argument, "model heads ",
-            model.config().heads().to_string(), " do not match the compiled head_config ", shape_of<Heads>().to_string());
-    if (cache.element == element_kind::fp16)
-        return detail::generate_with_element<half, Heads>(model, prompt, new_tokens, cache, options);
-    return detail::generate_with_element<float, Heads>(model, prompt, new_tokens, cache, options);
+    return dispatch(Configurations{}, wanted_configuration(model, cache), [&](auto config) {
+        return detail::generate_configured(config, model, prompt, new_tokens, cache, options);
+    });
 }
 
 }  // namespace kvcache::examples

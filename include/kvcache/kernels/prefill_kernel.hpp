@@ -59,11 +59,13 @@ struct prefill_kernel {
         const int length = p.view.length(sequence);
         const int visible = chunk > 0 ? p.view.visible_count(sequence) : 0;
         const attention_visibility visibility = p.view.visibility();
-        const int chunk_rows = chunk * group_rows(p.view);
+        const int group_size = group_rows(p.view);
+        const int chunk_rows = chunk * group_size;
         for (int first = ctx.block_index().x * rows; first < chunk_rows; first += ctx.grid_size().x * rows) {
             const int count = chunk_rows - first < rows ? chunk_rows - first : rows;
-            attend_tile(ctx, p, sequence, kv, length - chunk, p.query_offsets[sequence], first, count, visible,
-                        visibility);
+            const int token = first / group_size;  // the tile's first token (a compiled group starts it at head 0)
+            attend_tile(ctx, p, sequence, kv, length - chunk + token, p.query_offsets[sequence] + token,
+                        first - token * group_size, count, visible, visibility);
         }
     }
 
@@ -74,17 +76,16 @@ private:
         else return view.group_size();
     }
 
-    /// Rows [first_row, first_row + count) of the chunk whose first token is
-    /// first_token (of the batch) at first_position.
+    /// count rows from head first_head of the token first_token (of the batch) at first_position.
     template <class Context>
     KVCACHE_HOST_DEVICE void attend_tile(Context& ctx, const prefill_kernel_params<Layout, Query>& p, int sequence, int kv,
-                                         int first_position, int first_token, int first_row, int count, int visible,
+                                         int first_position, int first_token, int first_head, int count, int visible,
                                          const attention_visibility& visibility) const {
         const int thread = ctx.thread_index();
         const int group_size = group_rows(p.view);
-        // Row r: token token_of(r) of the chunk, head head_of(r) of the group.
-        const auto token_of = [&](int r) { return compiled_group ? first_row / group + r / group : (first_row + r) / group_size; };
-        const auto head_of = [&](int r) { return compiled_group ? r % group : (first_row + r) % group_size; };
+        // Row r: token token_of(r) of the tile, head head_of(r) of the group (first_head is 0 when compiled).
+        const auto token_of = [&](int r) { return compiled_group ? r / group : (first_head + r) / group_size; };
+        const auto head_of = [&](int r) { return compiled_group ? r % group : (first_head + r) % group_size; };
         const int tokens = count / group;  // tile tokens: whole tokens when compiled, rows when dynamic
         auto queries = ctx.template shared_array<float>(tile_step::query_offset, rows * dim);
         auto keys = ctx.template shared_array<float>(tile_step::key_offset, tile * tile_step::pitch);
@@ -101,12 +102,12 @@ private:
             positions[rows + 1] = p.query_positions ? 0x7fffffff : first_position + token_of(count - 1);
         }
         // Rows of one token are the group's heads, contiguous in the input.
-        const std::size_t query_heads = std::size_t(p.view.query_heads()), first_head = std::size_t(kv) * group_size;
+        const std::size_t query_heads = std::size_t(p.view.query_heads()), kv_first_head = std::size_t(kv) * group_size;
         for (int i = thread; i < rows * (dim / 8); i += block_threads) {
             const int r = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (r < count)
-                detail::load8(ctx, p.queries + ((first_token + token_of(r)) * query_heads + first_head + head_of(r)) * dim + c, x);
+                detail::load8(ctx, p.queries + ((first_token + token_of(r)) * query_heads + kv_first_head + head_of(r)) * dim + c, x);
             for (int j = 0; j < 8; ++j) queries[r * dim + c + j] = x[j] * p.scale;
         }
         float accumulators[per_thread];
@@ -135,11 +136,11 @@ private:
             const int r = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8];
             for (int j = 0; j < 8; ++j) x[j] = queries[r * dim + c + j];
-            detail::store8(ctx, p.outputs + ((first_token + token_of(r)) * query_heads + first_head + head_of(r)) * dim + c, x);
+            detail::store8(ctx, p.outputs + ((first_token + token_of(r)) * query_heads + kv_first_head + head_of(r)) * dim + c, x);
         }
         for (int r = thread; r < count; r += block_threads) {
             if (!p.lse) break;
-            p.lse[(first_token + token_of(r)) * query_heads + first_head + head_of(r)] = tile_step::log_sum_exp(stats, r);
+            p.lse[(first_token + token_of(r)) * query_heads + kv_first_head + head_of(r)] = tile_step::log_sum_exp(stats, r);
         }
         ctx.sync_block();  // the next tile reuses the query buffer
     }

@@ -2,9 +2,10 @@
 // in CSR form. Inside a page the owner's order is head-major,
 // [kv_head][token_in_page][head_dim], separately for keys and values, so one
 // KV head's rows in a page are contiguous (a run is up to a page long). The
-// in-page strides are view fields, so a view also reads pools laid out
+// in-page order is a template parameter, so a view also reads pools laid out
 // token-major, [token_in_page][kv_head][head_dim], as vLLM's and FlashInfer's
-// NHD caches are.
+// NHD caches are; as a compile-time choice it costs the head-major kernels
+// nothing (runtime in-page strides cost the sm_90 prefill 40 registers).
 #pragma once
 
 #include <cstdint>
@@ -29,21 +30,28 @@ KVCACHE_HOST_DEVICE constexpr int power_of_two_shift(int n) noexcept {
 
 }  // namespace detail
 
+/// How a page orders its rows: head-major [kv_head][token_in_page][head_dim]
+/// (paged_cache's, one KV head's rows contiguous) or token-major
+/// [token_in_page][kv_head][head_dim] (vLLM's and FlashInfer's NHD).
+enum class page_order : int { head_major = 0, token_major = 1 };
+
 /// View of a batch of sequences stored in pages. Sequence i owns the pages
 /// page_indices[page_offsets[i] .. page_offsets[i+1]); its position p lives in
 /// page page_indices[page_offsets[i] + p / page_size] at row p % page_size.
-/// Key row (page, kv_head, row) starts at
-/// keys[page * page_stride + kv_head * head_stride + row * row_stride] (values alike);
-/// packed() sets head_stride = page_size * head_dim and row_stride = head_dim,
-/// token_major() head_stride = head_dim and row_stride = kv_heads * head_dim.
+/// Key row (page, kv_head, row) starts at keys[page * page_stride +
+/// (kv_head * page_size + row) * head_dim] head-major, or at
+/// keys[page * page_stride + (row * kv_heads + kv_head) * head_dim] token-major
+/// (values alike).
 /// The page size is a runtime value: one compiled kernel serves every size.
 /// @tparam Element stored element type (float or kvcache::half)
 /// @tparam Heads a head_config
-template <class Element, class Heads>
-struct paged_view : detail::view_rows<paged_view<Element, Heads>, Element> {
+/// @tparam Order the in-page order of rows
+template <class Element, class Heads, page_order Order = page_order::head_major>
+struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element> {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::paged;
+    static constexpr page_order order = Order;  ///< the in-page order of rows
 
     Element* keys = nullptr;            ///< key plane of page 0
     Element* values = nullptr;          ///< value plane of page 0
@@ -54,39 +62,31 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads>, Element> {
     int page_size = 1;                  ///< tokens per page (>= 1)
     int page_shift = 0;                 ///< log2(page_size) when a power of two, else -1
     std::int64_t page_stride = 0;       ///< elements from one page's key plane to the next (>= kv_heads*page_size*head_dim)
-    std::int64_t head_stride = 0;       ///< elements between KV heads inside a page
-    int row_stride = 0;                 ///< elements between consecutive tokens of a page (>= head_dim)
     attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
     Heads head_counts{};  ///< the head counts: empty when compiled, the runtime values of a dynamic configuration
 
-    /// A view with page_shift derived and packed head-major pages
-    /// (page_stride = kv_heads * page_size * head_dim), as paged_cache stores them.
+    /// A view with page_shift derived and packed pages (page_stride =
+    /// kv_heads * page_size * head_dim), as paged_cache stores them. Over a
+    /// pool the caller owns (a token-major view over vLLM's blocks, say),
+    /// page_offsets, page_indices and lengths are the caller's and must
+    /// outlive the view; set page_stride afterwards for padded pages.
     KVCACHE_HOST_DEVICE static constexpr paged_view packed(Element* keys, Element* values, const int* page_offsets,
                                                            const int* page_indices, const int* lengths, int sequences,
                                                            int page_size, Heads heads = Heads{}) noexcept {
-        paged_view v = with_table(keys, values, page_offsets, page_indices, lengths, sequences, page_size, heads);
+        paged_view v;
+        v.keys = keys;
+        v.values = values;
+        v.page_offsets = page_offsets;
+        v.page_indices = page_indices;
+        v.lengths = lengths;
+        v.sequences = sequences;
+        v.page_size = page_size;
+        v.page_shift = detail::power_of_two_shift(page_size);
         v.page_stride = std::int64_t(heads.kv_heads()) * page_size * Heads::head_dim;
-        v.head_stride = std::int64_t(page_size) * Heads::head_dim;
-        v.row_stride = Heads::head_dim;
+        v.head_counts = heads;
         return v;
     }
-
-    /// A view over a pool the caller owns whose pages are token-major,
-    /// [page][token_in_page][kv_head][head_dim] for keys and again for values
-    /// (vLLM's and FlashInfer's NHD order); page_stride defaults to a packed page.
-    /// page_offsets, page_indices and lengths are the caller's and must outlive the view.
-    KVCACHE_HOST_DEVICE static constexpr paged_view token_major(Element* keys, Element* values, const int* page_offsets,
-                                                                const int* page_indices, const int* lengths,
-                                                                int sequences, int page_size, Heads heads = Heads{},
-                                                                std::int64_t page_stride = 0) noexcept {
-        paged_view v = with_table(keys, values, page_offsets, page_indices, lengths, sequences, page_size, heads);
-        v.row_stride = heads.kv_heads() * Heads::head_dim;
-        v.head_stride = Heads::head_dim;
-        v.page_stride = page_stride > 0 ? page_stride : std::int64_t(page_size) * v.row_stride;
-        return v;
-    }
-
 
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
@@ -105,40 +105,38 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads>, Element> {
     }
     /// Element offset of row (seq, kv_head, position) from keys (and from values).
     KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
-        return page(seq, position) * page_stride +
-               kv_head * head_stride + std::int64_t(row_of(position)) * row_stride;
+        if constexpr (Order == page_order::head_major)
+            return page(seq, position) * page_stride + (std::int64_t(kv_head) * page_size + row_of(position)) * Heads::head_dim;
+        else
+            return page(seq, position) * page_stride +
+                   (std::int64_t(row_of(position)) * this->kv_heads() + kv_head) * Heads::head_dim;
+    }
+    /// Elements from one row of a page to the next.
+    KVCACHE_HOST_DEVICE constexpr int row_stride() const noexcept {
+        if constexpr (Order == page_order::head_major) return Heads::head_dim;
+        else return this->kv_heads() * Heads::head_dim;
     }
 
     /// From visible_begin to the end of its page (or of the sequence).
     KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
         const int n = lengths[seq];
-        if (visible_begin >= n) return this->no_rows(visible_begin, visible_begin, row_stride);
+        if (visible_begin >= n) return this->no_rows(visible_begin, visible_begin, row_stride());
         const int to_page_end = page_size - row_of(visible_begin);
         return this->rows_from(seq, kv_head, visible_begin, visible_begin,
-                               n - visible_begin < to_page_end ? n - visible_begin : to_page_end, row_stride);
+                               n - visible_begin < to_page_end ? n - visible_begin : to_page_end, row_stride());
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return mask; }
-
-private:
-    KVCACHE_HOST_DEVICE static constexpr paged_view with_table(Element* keys, Element* values, const int* page_offsets,
-                                                               const int* page_indices, const int* lengths,
-                                                               int sequences, int page_size, Heads heads) noexcept {
-        paged_view v;
-        v.keys = keys;
-        v.values = values;
-        v.page_offsets = page_offsets;
-        v.page_indices = page_indices;
-        v.lengths = lengths;
-        v.sequences = sequences;
-        v.page_size = page_size;
-        v.page_shift = detail::power_of_two_shift(page_size);
-        v.head_counts = heads;
-        return v;
-    }
 };
 
 static_assert(is_layout_view_v<paged_view<float, head_config<1, 1, 8>>>, "paged_view must satisfy the layout interface");
 static_assert(is_layout_view_v<paged_view<half, head_config<4, 2, 16>>>, "paged_view must satisfy the layout interface");
+static_assert(is_layout_view_v<paged_view<half, head_config<4, 2, 16>, page_order::token_major>>,
+              "a token-major paged_view must satisfy the layout interface");
+
+/// A paged view over token-major pages, [page][token_in_page][kv_head][head_dim].
+/// @tparam Element stored element type  @tparam Heads a head_config
+template <class Element, class Heads>
+using token_major_paged_view = paged_view<Element, Heads, page_order::token_major>;
 
 }  // namespace kvcache

@@ -125,7 +125,7 @@ void fill_cache(const View& view, unsigned seed) {
     using heads = typename View::heads;
     std::vector<int> offsets(1, 0);
     for (int b = 0; b < view.sequence_count(); ++b) offsets.push_back(offsets.back() + view.length(b));
-    const std::size_t count = std::size_t(offsets.back()) * heads::kv_heads() * heads::head_dim;
+    const std::size_t count = std::size_t(offsets.back()) * view.kv_heads() * heads::head_dim;
     const auto keys = random_rows<float>(count, 1.0f, seed);
     const auto values = random_rows<float>(count, 1.0f, seed + 1);
     reference_backend{}.append(append_params(view, keys, values, offsets));
@@ -151,31 +151,33 @@ inline std::string heads_name(int q, int kv, int d) {
 
 /// Runs decode and prefill (at the last positions and at explicit query
 /// positions) of a backend on a cache from Factory for every standard case
-/// and compares with the reference. Query elements are Query.
-/// @tparam Factory struct with name and make<Element, Heads>(case, seed) returning an owner with view()
+/// and compares with the reference. Query elements are Query; heads carries
+/// the counts of a dynamic head configuration.
+/// @tparam Factory struct with name and make<Element, Heads>(case, seed, heads) returning an owner with view()
 /// @tparam Element the cache's element type
 /// @tparam Heads a head_config
 /// @tparam Query the queries' and outputs' element type
 /// @tparam Backend a backend object (reference_backend, cpu_backend, emulated_backend, ...)
 template <class Factory, class Element, class Heads, class Query = Element, class Backend>
-void check_attention(const Backend& backend, const std::string& backend_name,
+void check_attention(const Backend& backend, const std::string& backend_name, const Heads& counts = Heads{},
                      const std::vector<context_case>& cases = standard_cases()) {
     const std::string type = std::is_same_v<Element, float> ? "fp32" : "fp16";
     const std::string query_type = std::is_same_v<Query, float> ? "fp32" : "fp16";
-    const std::string heads = heads_name(Heads::query_heads(), Heads::kv_heads(), Heads::head_dim);
+    const std::string heads = heads_name(counts.query_heads(), counts.kv_heads(), Heads::head_dim) +
+                              (Heads::static_counts ? "" : " (dynamic)");
     const reference_backend reference;
     unsigned seed = 11;
     for (const context_case& c : cases) {
-        auto cache = Factory::template make<Element, Heads>(c, seed++);
+        auto cache = Factory::template make<Element, Heads>(c, seed++, counts);
         const auto view = cache->view();
         fill_cache(view, seed++);
         const std::string what = backend_name + " " + Factory::name + " " + type + " cache, " + query_type +
                                  " queries, " + heads + ", " + c.name;
         const int batch = view.sequence_count();
         {  // decode
-            const auto queries = random_rows<Query>(std::size_t(batch) * Heads::query_heads() * Heads::head_dim, 3.0f, seed++);
+            const auto queries = random_rows<Query>(std::size_t(batch) * counts.query_heads() * Heads::head_dim, 3.0f, seed++);
             std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
-            std::vector<float> lse(std::size_t(batch) * Heads::query_heads(), 99.0f);
+            std::vector<float> lse(std::size_t(batch) * counts.query_heads(), 99.0f);
             decode_params call(view, queries, outputs);
             call.lse = lse;
             call.options = c.options;
@@ -185,10 +187,10 @@ void check_attention(const Backend& backend, const std::string& backend_name,
         std::vector<int> offsets(1, 0);
         for (int b = 0; b < batch; ++b) offsets.push_back(offsets.back() + c.chunk[b]);
         const auto queries =
-            random_rows<Query>(std::size_t(offsets.back()) * Heads::query_heads() * Heads::head_dim, 3.0f, seed++);
+            random_rows<Query>(std::size_t(offsets.back()) * counts.query_heads() * Heads::head_dim, 3.0f, seed++);
         {  // prefill of the last positions
             std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
-            std::vector<float> lse(std::size_t(offsets.back()) * Heads::query_heads(), 99.0f);
+            std::vector<float> lse(std::size_t(offsets.back()) * counts.query_heads(), 99.0f);
             prefill_params call(view, queries, offsets, outputs);
             call.lse = lse;
             call.options = c.options;
@@ -198,7 +200,7 @@ void check_attention(const Backend& backend, const std::string& backend_name,
         {  // prefill at explicit query positions
             const auto positions = scattered_positions(offsets, c.lengths, seed++);
             std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
-            std::vector<float> lse(std::size_t(offsets.back()) * Heads::query_heads(), 99.0f);
+            std::vector<float> lse(std::size_t(offsets.back()) * counts.query_heads(), 99.0f);
             prefill_params call(view, queries, offsets, outputs);
             call.lse = lse;
             call.query_positions = positions;
@@ -220,14 +222,14 @@ void check_attention(const Backend& backend, const std::string& backend_name,
 /// @tparam Input the new rows' element type
 /// @tparam Backend a backend object
 template <class Factory, class Element, class Heads, class Input = Element, class Backend>
-void check_append(const Backend& backend, const std::string& backend_name,
+void check_append(const Backend& backend, const std::string& backend_name, const Heads& counts = Heads{},
                   const std::vector<context_case>& cases = standard_cases()) {
     const std::string type = std::is_same_v<Element, float> ? "fp32" : "fp16";
     unsigned seed = 101;
     for (const context_case& c : cases) {
         for (const bool explicit_positions : {false, true}) {
-            auto actual = Factory::template make<Element, Heads>(c, seed);
-            auto expected = Factory::template make<Element, Heads>(c, seed);
+            auto actual = Factory::template make<Element, Heads>(c, seed, counts);
+            auto expected = Factory::template make<Element, Heads>(c, seed, counts);
             seed++;
             const auto view = actual->view();
             const auto expected_view = expected->view();
@@ -241,7 +243,7 @@ void check_append(const Backend& backend, const std::string& backend_name,
                 }
                 offsets.push_back(offsets.back() + tokens);
             }
-            const std::size_t count = std::size_t(offsets.back()) * Heads::kv_heads() * Heads::head_dim;
+            const std::size_t count = std::size_t(offsets.back()) * counts.kv_heads() * Heads::head_dim;
             const auto keys = random_rows<Input>(count, 1.0f, seed++);
             const auto values = random_rows<Input>(count, 1.0f, seed++);
             append_params call(view, keys, values, offsets);
@@ -256,7 +258,7 @@ void check_append(const Backend& backend, const std::string& backend_name,
             for (int b = 0; b < view.sequence_count(); ++b)
                 for (int i = 0; i < view.visible_count(b); ++i) {
                     const int p = view.visible_position(b, i);
-                    for (int h = 0; h < Heads::kv_heads(); ++h)
+                    for (int h = 0; h < counts.kv_heads(); ++h)
                         for (int d = 0; d < Heads::head_dim; ++d) {
                             mismatches += std::memcmp(&view.key(b, h, p)[d], &expected_view.key(b, h, p)[d], sizeof(Element)) != 0;
                             mismatches += std::memcmp(&view.value(b, h, p)[d], &expected_view.value(b, h, p)[d], sizeof(Element)) != 0;
@@ -266,15 +268,17 @@ void check_append(const Backend& backend, const std::string& backend_name,
         }
     }
     combination_registry::instance().add("append", Factory::name, type,
-                                         heads_name(Heads::query_heads(), Heads::kv_heads(), Heads::head_dim));
+                                         heads_name(counts.query_heads(), counts.kv_heads(), Heads::head_dim));
 }
 
 /// Factory of the private scatter layout.
 struct scatter_factory {
     static constexpr const char* name = "scatter";
     template <class Element, class Heads>
-    static std::unique_ptr<scatter_cache<Element, Heads>> make(const context_case& c, unsigned seed) {
-        return std::make_unique<scatter_cache<Element, Heads>>(c.lengths, c.window, c.sinks, c.run_length, seed, c.drop);
+    static std::unique_ptr<scatter_cache<Element, Heads>> make(const context_case& c, unsigned seed,
+                                                                 const Heads& heads = Heads{}) {
+        return std::make_unique<scatter_cache<Element, Heads>>(c.lengths, c.window, c.sinks, c.run_length, seed, c.drop,
+                                                               heads);
     }
 };
 

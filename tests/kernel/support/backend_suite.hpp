@@ -45,6 +45,29 @@ void check_odd_shapes(const Backend& backend, const std::string& name) {
     check_append<sliding_window_factory, half, head_config<5, 1, 56>, float>(backend, name);  // fp32 rows into fp16
 }
 
+/// Head counts given at run time (head_config<dynamic, dynamic, D>): MHA, GQA
+/// groups below, at and above the rows a dynamic decode block holds (so a group
+/// spans several blocks, the last one partial), MQA, and head dim 56, in every
+/// layout; prefill tiles then start and end inside a token's group.
+/// @tparam Backend a backend object
+template <class Backend>
+void check_dynamic_heads(const Backend& backend, const std::string& name) {
+    using namespace kvcache;
+    using d32 = dynamic_heads<32>;
+    for (const d32 heads : {d32{4, 4}, d32{8, 2}, d32{14, 2}, d32{9, 1}, d32{4, 1}}) {
+        check_attention<paged_factory, half, d32>(backend, name, heads);
+        check_attention<contiguous_factory, float, d32>(backend, name, heads);
+    }
+    check_attention<sliding_window_factory, half, d32>(backend, name, d32{6, 2});
+    check_attention<scatter_factory, float, d32>(backend, name, d32{10, 2});
+    check_attention<paged_factory, half, dynamic_heads<56>, float>(backend, name, dynamic_heads<56>{5, 1});
+    check_append<paged_factory, half, d32>(backend, name, d32{6, 3});
+    check_append<sliding_window_factory, float, d32, half>(backend, name, d32{12, 4});
+    // Only the query count dynamic: the compiled KV count must agree.
+    check_attention<contiguous_factory, half, head_config<dynamic, 2, 32>>(backend, name,
+                                                                           head_config<dynamic, 2, 32>{6, 2});
+}
+
 /// merge: empty states weigh nothing, all-empty rows give zeros and lse -inf,
 /// widely different lse; float and half outputs against the reference.
 /// @tparam Backend a backend object

@@ -32,14 +32,16 @@ struct contiguous_factory_in {
         int sequences = 0, capacity = 0;
         Buffer<int> lengths, slots;
         Buffer<Element> keys, values;
+        Heads heads{};
         contiguous_view<Element, Heads> view() {
             return contiguous_view<Element, Heads>::packed(keys.data(), values.data(), lengths.data(), slots.data(),
-                                                           sequences, capacity);
+                                                           sequences, capacity, heads);
         }
     };
     template <class Element, class Heads>
-    static std::unique_ptr<owner<Element, Heads>> make(const context_case& c, unsigned) {
+    static std::unique_ptr<owner<Element, Heads>> make(const context_case& c, unsigned, const Heads& heads = Heads{}) {
         auto o = std::make_unique<owner<Element, Heads>>();
+        o->heads = heads;
         const int n = int(c.lengths.size());
         o->sequences = n;
         o->lengths = int_buffer<Buffer>(c.lengths);
@@ -47,7 +49,7 @@ struct contiguous_factory_in {
         std::vector<int> slots;
         for (int i = 0; i < n; ++i) slots.push_back(n - 1 - i);
         o->slots = int_buffer<Buffer>(slots);
-        const std::size_t elements = std::size_t(n) * Heads::kv_heads() * o->capacity * Heads::head_dim;
+        const std::size_t elements = std::size_t(n) * heads.kv_heads() * o->capacity * Heads::head_dim;
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;
@@ -63,14 +65,17 @@ struct paged_factory_in {
         int sequences = 0, page_size = 1;
         Buffer<int> lengths, offsets, pages;
         Buffer<Element> keys, values;
+        Heads heads{};
         paged_view<Element, Heads> view() {
             return paged_view<Element, Heads>::packed(keys.data(), values.data(), offsets.data(), pages.data(),
-                                                      lengths.data(), sequences, page_size);
+                                                      lengths.data(), sequences, page_size, heads);
         }
     };
     template <class Element, class Heads>
-    static std::unique_ptr<owner<Element, Heads>> make(const context_case& c, unsigned seed) {
+    static std::unique_ptr<owner<Element, Heads>> make(const context_case& c, unsigned seed,
+                                                       const Heads& heads = Heads{}) {
         auto o = std::make_unique<owner<Element, Heads>>();
+        o->heads = heads;
         o->sequences = int(c.lengths.size());
         o->lengths = int_buffer<Buffer>(c.lengths);
         o->page_size = c.run_length;
@@ -87,7 +92,7 @@ struct paged_factory_in {
         std::mt19937 random(seed);
         std::shuffle(order.begin(), order.end(), random);
         o->pages = int_buffer<Buffer>(std::vector<int>(order.begin(), order.begin() + needed));
-        const std::size_t elements = std::size_t(pool) * Heads::kv_heads() * o->page_size * Heads::head_dim;
+        const std::size_t elements = std::size_t(pool) * heads.kv_heads() * o->page_size * Heads::head_dim;
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;
@@ -104,14 +109,16 @@ struct sliding_window_factory_in {
         int sequences = 0, sinks = 0, ring = 1, window = 1;
         Buffer<int> lengths, slots;
         Buffer<Element> keys, values;
+        Heads heads{};
         sliding_window_view<Element, Heads> view() {
             return sliding_window_view<Element, Heads>::packed(keys.data(), values.data(), lengths.data(), slots.data(),
-                                                               sequences, sinks, ring, window);
+                                                               sequences, sinks, ring, window, heads);
         }
     };
     template <class Element, class Heads>
-    static std::unique_ptr<owner<Element, Heads>> make(const context_case& c, unsigned) {
+    static std::unique_ptr<owner<Element, Heads>> make(const context_case& c, unsigned, const Heads& heads = Heads{}) {
         auto o = std::make_unique<owner<Element, Heads>>();
+        o->heads = heads;
         o->sequences = int(c.lengths.size());
         o->lengths = int_buffer<Buffer>(c.lengths);
         const int longest = *std::max_element(c.lengths.begin(), c.lengths.end());
@@ -123,7 +130,7 @@ struct sliding_window_factory_in {
         std::vector<int> slots;
         for (int i = 0; i < n; ++i) slots.push_back((i + 1) % n);
         o->slots = int_buffer<Buffer>(slots);
-        const std::size_t elements = std::size_t(n) * Heads::kv_heads() * (o->sinks + o->ring) * Heads::head_dim;
+        const std::size_t elements = std::size_t(n) * heads.kv_heads() * (o->sinks + o->ring) * Heads::head_dim;
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;

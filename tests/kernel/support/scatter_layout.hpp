@@ -64,7 +64,7 @@ struct scatter_view {
         r.first_visible = begin;
         r.first_position = position[begin];
         r.count = n;
-        r.stride = Heads::kv_heads() * Heads::head_dim;
+        r.stride = kv_heads() * Heads::head_dim;
         return r;
     }
     attention_visibility visibility() const { return window; }
@@ -78,8 +78,8 @@ template <class Element, class Heads>
 class scatter_cache {
 public:
     scatter_cache(const std::vector<int>& lengths, int window, int sinks, int run_length, unsigned seed,
-                  bool drop_outside_window = true)
-        : lengths_(lengths), window_{window, sinks} {
+                  bool drop_outside_window = true, const Heads& heads = Heads{})
+        : lengths_(lengths), window_{window, sinks}, heads_(heads) {
         offsets_.push_back(0);
         for (int length : lengths) {
             for (int p = 0; p < length; ++p)
@@ -93,14 +93,14 @@ public:
         std::mt19937 random(seed);
         std::shuffle(order.begin(), order.end(), random);
         for (int i = 0; i < rows; ++i) slots_.push_back(order[i / run_length] * run_length + i % run_length);
-        const std::size_t elements = std::size_t(std::max(runs * run_length, 1)) * Heads::kv_heads() * Heads::head_dim;
+        const std::size_t elements = std::size_t(std::max(runs * run_length, 1)) * heads.kv_heads() * Heads::head_dim;
         keys_ = host_buffer<Element>(elements);
         values_ = host_buffer<Element>(elements);
     }
 
     scatter_view<Element, Heads> view() {
         return {int(lengths_.size()), lengths_.data(), offsets_.data(), positions_.data(), slots_.data(),
-                keys_.data(), values_.data(), window_};
+                keys_.data(), values_.data(), window_, heads_};
     }
 
     /// Fills every stored row with uniform values in [-1, 1].
@@ -117,6 +117,7 @@ public:
 private:
     std::vector<int> lengths_;
     attention_visibility window_;
+    Heads heads_;
     std::vector<int> offsets_, positions_, slots_;
     host_buffer<Element> keys_, values_;
 };

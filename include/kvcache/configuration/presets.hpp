@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "kvcache/backend/configuration.hpp"
+#include "kvcache/configuration/configuration.hpp"
 #include "kvcache/core/heads.hpp"
 
 namespace kvcache {
@@ -90,6 +90,16 @@ using preset_heads = type_list<llama3_8b::heads, llama2_7b::heads, qwen2_5_7b::h
 
 /// Every layout x element type x preset head configuration (24 configurations).
 using preset_configurations = configuration_product_t<all_layouts, all_elements, presets::preset_heads>;
+
+/// Dynamic head counts in every layout and element type for the usual head
+/// dimensions (dynamic_head_dims): 30 configurations that run any model of
+/// those dimensions, through a generic instantiation per dimension.
+using dynamic_configurations = configuration_product_t<all_layouts, all_elements, dynamic_head_dims>;
+
+/// The presets compiled for their head counts, and every other shape of the
+/// usual head dimensions through dynamic_configurations: what an engine that
+/// loads arbitrary checkpoints dispatches over.
+using default_configurations = concat_t<preset_configurations, dynamic_configurations>;
 
 /// The small list kvcache's own tests compile for the GPU: MHA, GQA group 4
 /// (the test model), MQA, and group 5 with head dim 56, in every layout and type.

@@ -30,19 +30,30 @@ struct layout_family {
 };
 
 using contiguous_layout = layout_family<contiguous_view>;          ///< the contiguous family
-using paged_layout = layout_family<paged_view>;                    ///< the paged family
+namespace detail {
+template <class Element, class Heads>
+using head_major_paged_view = paged_view<Element, Heads>;
+}  // namespace detail
+using paged_layout = layout_family<detail::head_major_paged_view>;  ///< the paged family (head-major pages)
 using sliding_window_layout = layout_family<sliding_window_view>;  ///< the sliding-window family
 
-/// One compiled configuration.
+/// One compiled configuration. An object of it carries the head counts:
+/// empty for compiled counts, the runtime values the dispatcher matched for
+/// a dynamic head configuration (read them with head_counts()).
 /// @tparam Layout a layout_family
 /// @tparam Element float or kvcache::half
-/// @tparam Heads a head_config
+/// @tparam Heads a head_config (counts compiled or kvcache::dynamic)
 template <class Layout, class Element, class Heads>
 struct configuration {
     using layout = Layout;
     using element = Element;
     using heads = Heads;
     using view = typename Layout::template view<Element, Heads>;  ///< the layout view type
+
+    Heads counts{};  ///< the head counts this configuration runs with
+
+    /// The head configuration object to build caches and views with.
+    constexpr const Heads& head_counts() const noexcept { return counts; }
 };
 
 /// A configuration as runtime values, as a caller knows it from a model file.
@@ -60,12 +71,50 @@ struct runtime_configuration {
     }
 };
 
-/// The runtime description of a compile-time configuration.
-/// @tparam Configuration a configuration
+/// The runtime description of a configuration with compiled counts.
+/// @tparam Configuration a configuration whose heads have static counts
 template <class Configuration>
 runtime_configuration runtime_of() {
     using view = typename Configuration::view;
     return {view::kind, element_traits<typename Configuration::element>::kind, shape_of<typename Configuration::heads>()};
+}
+
+/// True when the configuration can run `wanted`: its layout, element type and
+/// head dimension agree, and each head count is either compiled equal or dynamic.
+/// @tparam Configuration a configuration
+template <class Configuration>
+bool runs(const runtime_configuration& wanted) {
+    using view = typename Configuration::view;
+    using heads = typename Configuration::heads;
+    if (view::kind != wanted.layout || element_traits<typename Configuration::element>::kind != wanted.element ||
+        heads::head_dim != wanted.heads.head_dim)
+        return false;
+    if constexpr (heads::static_counts) {
+        return shape_of<heads>() == wanted.heads;
+    } else {
+        const heads unset{};  // a statically given count sits in the default object; a dynamic one reads 0
+        return (unset.query_heads() == 0 || unset.query_heads() == wanted.heads.query_heads) &&
+               (unset.kv_heads() == 0 || unset.kv_heads() == wanted.heads.kv_heads);
+    }
+}
+
+/// "paged/fp16/32q/8kv/d128", or "paged/fp16/dynamic/d128" for runtime counts.
+/// @tparam Configuration a configuration
+template <class Configuration>
+std::string name_of() {
+    using heads = typename Configuration::heads;
+    if constexpr (heads::static_counts) {
+        return runtime_of<Configuration>().to_string();
+    } else {
+        using view = typename Configuration::view;
+        const heads unset{};
+        const auto count = [](int n, const char* unit) {
+            return (n == 0 ? std::string("dynamic") : std::to_string(n)) + unit;
+        };
+        return std::string(kvcache::to_string(view::kind)) + "/" +
+               kvcache::to_string(element_traits<typename Configuration::element>::kind) + "/" +
+               count(unset.query_heads(), "q/") + count(unset.kv_heads(), "kv/d") + std::to_string(heads::head_dim);
+    }
 }
 
 namespace detail {
@@ -125,5 +174,11 @@ using all_layouts = type_list<contiguous_layout, paged_layout, sliding_window_la
 
 /// Both element types.
 using all_elements = type_list<float, half>;
+
+/// Dynamic head counts for the head dimensions public checkpoints use
+/// (64: GPT-2, TinyLlama; 80: Phi-2; 96: Phi-3; 128: Llama, Mistral, Qwen;
+/// 256: Gemma): with these, any head count of those dimensions runs.
+using dynamic_head_dims = type_list<dynamic_heads<64>, dynamic_heads<80>, dynamic_heads<96>, dynamic_heads<128>,
+                                    dynamic_heads<256>>;
 
 }  // namespace kvcache

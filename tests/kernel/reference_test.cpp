@@ -201,5 +201,5 @@ TEST_CASE("a dynamic head_config refuses counts that break the rules, naming the
     std::vector<float> rows(64), queries(32), outputs(32);
     const auto unset = contiguous_view<float, runtime>::packed(rows.data(), rows.data(), lengths.data(), nullptr, 1, 1);
     CHECK_THROWS_WITH_AS(reference_backend{}.decode(decode_params(unset, queries, outputs)),
-                         doctest::Contains("is not set: a view over a dynamic head_config takes its counts"), kvcache::error);
+                         doctest::Contains("kv are not set: a view over a dynamic head_config takes its counts"), kvcache::error);
 }

@@ -59,13 +59,21 @@ struct prefill_kernel {
         const int length = p.view.length(sequence);
         const int visible = chunk > 0 ? p.view.visible_count(sequence) : 0;
         const attention_visibility visibility = p.view.visibility();
-        const int group_size = group_rows(p.view);
-        const int chunk_rows = chunk * group_size;
-        for (int first = ctx.block_index().x * rows; first < chunk_rows; first += ctx.grid_size().x * rows) {
-            const int count = chunk_rows - first < rows ? chunk_rows - first : rows;
-            const int token = first / group_size;  // the tile's first token (a compiled group starts it at head 0)
-            attend_tile(ctx, p, sequence, kv, length - chunk + token, p.query_offsets[sequence] + token,
-                        first - token * group_size, count, visible, visibility);
+        if constexpr (compiled_group) {  // tiles of whole tokens
+            for (int first = ctx.block_index().x * tile_tokens; first < chunk; first += ctx.grid_size().x * tile_tokens) {
+                const int tokens = chunk - first < tile_tokens ? chunk - first : tile_tokens;
+                attend_tile(ctx, p, sequence, kv, length - chunk + first, p.query_offsets[sequence] + first, 0,
+                            tokens * group, visible, visibility);
+            }
+        } else {  // tiles of (token, head) rows
+            const int group_size = group_rows(p.view);
+            const int chunk_rows = chunk * group_size;
+            for (int first = ctx.block_index().x * rows; first < chunk_rows; first += ctx.grid_size().x * rows) {
+                const int count = chunk_rows - first < rows ? chunk_rows - first : rows;
+                const int token = first / group_size;
+                attend_tile(ctx, p, sequence, kv, length - chunk + token, p.query_offsets[sequence] + token,
+                            first - token * group_size, count, visible, visibility);
+            }
         }
     }
 

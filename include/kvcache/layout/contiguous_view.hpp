@@ -22,10 +22,13 @@ namespace kvcache {
 /// @tparam Element stored element type (float or kvcache::half)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
-struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Element> {
+struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Element>, Heads {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::contiguous;
+
+    // The head counts are a base (Heads): query_heads(), kv_heads(), group_size() are the
+    // view's own, constants for a compiled configuration, which then adds no bytes.
 
     Element* keys = nullptr;          ///< base of the key slabs
     Element* values = nullptr;        ///< base of the value slabs
@@ -38,7 +41,6 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     std::int64_t position_stride = 0; ///< elements between consecutive positions (>= head_dim)
     attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
-    Heads head_counts{};  ///< the head counts: empty when compiled, the runtime values of a dynamic configuration
 
     /// Strides of the packed [slot][kv_head][position][head_dim] order for the given capacity.
     KVCACHE_HOST_DEVICE static constexpr contiguous_view packed(Element* keys, Element* values, const int* lengths,
@@ -73,9 +75,12 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
         v.slot_stride = slot_stride;
         v.head_stride = head_stride;
         v.position_stride = position_stride;
-        v.head_counts = heads;
+        static_cast<Heads&>(v) = heads;
         return v;
     }
+
+    /// The head configuration object (the runtime counts of a dynamic one).
+    KVCACHE_HOST_DEVICE constexpr const Heads& head_counts() const noexcept { return *this; }
 
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }

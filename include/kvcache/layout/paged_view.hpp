@@ -47,11 +47,14 @@ enum class page_order : int { head_major = 0, token_major = 1 };
 /// @tparam Heads a head_config
 /// @tparam Order the in-page order of rows
 template <class Element, class Heads, page_order Order = page_order::head_major>
-struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element> {
+struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element>, Heads {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::paged;
     static constexpr page_order order = Order;  ///< the in-page order of rows
+
+    // The head counts are a base (Heads): query_heads(), kv_heads(), group_size() are the
+    // view's own, constants for a compiled configuration, which then adds no bytes.
 
     Element* keys = nullptr;            ///< key plane of page 0
     Element* values = nullptr;          ///< value plane of page 0
@@ -64,7 +67,6 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     std::int64_t page_stride = 0;       ///< elements from one page's key plane to the next (>= kv_heads*page_size*head_dim)
     attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
-    Heads head_counts{};  ///< the head counts: empty when compiled, the runtime values of a dynamic configuration
 
     /// A view with page_shift derived and packed pages (page_stride =
     /// kv_heads * page_size * head_dim), as paged_cache stores them. Over a
@@ -84,9 +86,12 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         v.page_size = page_size;
         v.page_shift = detail::power_of_two_shift(page_size);
         v.page_stride = std::int64_t(heads.kv_heads()) * page_size * Heads::head_dim;
-        v.head_counts = heads;
+        static_cast<Heads&>(v) = heads;
         return v;
     }
+
+    /// The head configuration object (the runtime counts of a dynamic one).
+    KVCACHE_HOST_DEVICE constexpr const Heads& head_counts() const noexcept { return *this; }
 
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }

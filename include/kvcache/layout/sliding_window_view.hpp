@@ -25,10 +25,13 @@ namespace kvcache {
 /// @tparam Element stored element type (float or kvcache::half)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
-struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Heads>, Element> {
+struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Heads>, Element>, Heads {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::sliding_window;
+
+    // The head counts are a base (Heads): query_heads(), kv_heads(), group_size() are the
+    // view's own, constants for a compiled configuration, which then adds no bytes.
 
     Element* keys = nullptr;       ///< base of the key slabs
     Element* values = nullptr;     ///< base of the value slabs
@@ -41,7 +44,6 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
     std::int64_t slot_stride = 0;  ///< elements between slots (>= kv_heads * head_stride)
     std::int64_t head_stride = 0;  ///< elements between KV heads of a slot (>= (sinks + ring) * head_dim)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
-    Heads head_counts{};  ///< the head counts: empty when compiled, the runtime values of a dynamic configuration
 
     /// Packed strides for the given sinks and ring.
     KVCACHE_HOST_DEVICE static constexpr sliding_window_view packed(Element* keys, Element* values,
@@ -59,7 +61,7 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
         v.window = window;
         v.head_stride = std::int64_t(sinks + ring) * Heads::head_dim;
         v.slot_stride = std::int64_t(heads.kv_heads()) * v.head_stride;
-        v.head_counts = heads;
+        static_cast<Heads&>(v) = heads;
         return v;
     }
 
@@ -74,6 +76,9 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
         const int from = lengths[seq] - ring;
         return from > sinks ? from : sinks;
     }
+    /// The head configuration object (the runtime counts of a dynamic one).
+    KVCACHE_HOST_DEVICE constexpr const Heads& head_counts() const noexcept { return *this; }
+
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept {
         const int n = lengths[seq];
         return sink_count(seq) + (n > sinks ? n - first_ring_position(seq) : 0);

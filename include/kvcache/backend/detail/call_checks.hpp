@@ -15,6 +15,7 @@
 
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
+#include "kvcache/core/heads.hpp"
 #include "kvcache/core/span.hpp"
 #include "kvcache/kernels/attention_options.hpp"
 #include "kvcache/layout/layout_interface.hpp"
@@ -131,10 +132,10 @@ int check_offsets(const Layout& view, span<const int> offsets, const char* field
 template <class Layout>
 void check_heads(const Layout& view) {
     if constexpr (!Layout::heads::static_counts) {
-        const auto& h = view.head_counts;
-        require(h.valid(), error_code::invalid_argument, "view.head_counts = ", h.query_heads(), "q/", h.kv_heads(),
-                "kv is not set: a view over a dynamic head_config takes its counts (packed(), strided(), token_major())");
-        shape_of(h).validate();
+        require(view.query_heads() > 0 && view.kv_heads() > 0, error_code::invalid_argument, "the view's head counts ",
+                view.query_heads(), "q/", view.kv_heads(),
+                "kv are not set: a view over a dynamic head_config takes its counts (packed(), strided())");
+        kvcache::head_shape{view.query_heads(), view.kv_heads(), Layout::heads::head_dim}.validate();
     }
 }
 

@@ -56,7 +56,7 @@ void run_generation(const options& opts, report& out) {
         const ex::generation_trace slow =
             ex::generate(model, prompt, first_measured + repeats, recompute, ex::generation_mode::recompute, options);
         const ex::generation_trace fast =
-            ex::generate_with_kvcache<>(model, prompt, first_measured + cached_repeats, cache, options).trace;
+            ex::generate_with_kvcache<ex::configurations_for<ex::flagship_heads>>(model, prompt, first_measured + cached_repeats, cache, options).trace;
 
         const timing recompute_time = steps_timing(slow, first_measured);
         const timing cached_time = steps_timing(fast, first_measured);

@@ -86,7 +86,7 @@ TEST_CASE("the loaded checkpoint generates the same ids cached (every layout, fp
     for_each_cache_kind(4, 8, 2, 4, [&](const cache_options& cache) {
         recompute_attention recompute(config.model, pool, cache.element, cache.visibility());
         auto slow = generate(model, prompt, 16, recompute, generation_mode::recompute);
-        auto fast = generate_with_kvcache<>(model, prompt, 16, cache).trace;
+        auto fast = generate_with_kvcache<configurations_for<kvcache::head_config<4, 2, 16>>>(model, prompt, 16, cache).trace;
         CHECK(slow.tokens == fast.tokens);
     });
 }
@@ -151,7 +151,7 @@ TEST_CASE("Qwen2 windowing some layers: cached (every layout) equals recomputed,
     for_each_cache_kind(4, 8, 2, 4, [&](const cache_options& cache) {
         recompute_attention recompute(model.config(), pool, cache.element, cache.visibility());
         auto slow = generate(model, prompt, 12, recompute, generation_mode::recompute, keep);
-        auto fast = generate_with_kvcache<>(model, prompt, 12, cache, keep).trace;
+        auto fast = generate_with_kvcache<configurations_for<kvcache::head_config<4, 2, 16>>>(model, prompt, 12, cache, keep).trace;
         CHECK(slow.tokens == fast.tokens);
         CHECK(largest_logit_difference(fast, slow) < 1e-3);
         if (cache.element == kvcache::element_kind::fp32 && cache.layout != kvcache::layout_kind::sliding_window) {

@@ -78,7 +78,7 @@ int run(int argc, char** argv) {
     const int seed = args.integer("--seed", 1, 0, 1 << 30);
     const std::string json_path = args.text("--json", "");
     const ex::backend_choice backend = ex::choose_backend(ex::backend_request(args, true));
-    ex::cached_path cached_path{&ex::generate_with_kvcache<>, false};
+    ex::cached_path cached_path{&ex::generate_with_kvcache<ex::configurations_for<ex::flagship_heads>>, false};
     if (backend.backend == ex::compute_backend::cuda) {
         cached_path.run = ex::cuda_runner_for({cache.layout, cache.element, kvcache::shape_of<ex::flagship_heads>()});
         if (!cached_path.run) throw std::runtime_error("the CUDA path is not compiled for the flagship heads");

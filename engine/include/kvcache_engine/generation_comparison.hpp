@@ -99,12 +99,15 @@ inline generation_comparison compare_generation(llama_model& model, const std::v
     return m;
 }
 
-/// compare_generation with kvcache's CPU backend as the cached path (dispatched
-/// over engine_configurations for the model's heads).
-inline generation_comparison compare_generation(llama_model& model, const std::vector<int>& prompt, int new_tokens,
-                                                const cache_options& cache,
-                                                const std::function<void(const char*, int)>& progress = {}) {
-    return compare_generation(model, prompt, new_tokens, cache, cached_path{&generate_with_kvcache<>, false}, progress);
+/// compare_generation with kvcache's CPU backend as the cached path, dispatched
+/// over Configurations (by default every shape engine_configurations runs).
+/// @tparam Configurations a type_list of kvcache::configuration
+template <class Configurations = engine_configurations>
+generation_comparison compare_generation(llama_model& model, const std::vector<int>& prompt, int new_tokens,
+                                         const cache_options& cache,
+                                         const std::function<void(const char*, int)>& progress = {}) {
+    return compare_generation(model, prompt, new_tokens, cache,
+                              cached_path{&generate_with_kvcache<Configurations>, false}, progress);
 }
 
 }  // namespace kvcache::examples

@@ -241,6 +241,13 @@ using engine_configurations =
              configuration_product_t<all_layouts, all_elements,
                                      concat_t<type_list<dynamic_heads<16>, dynamic_heads<32>>, dynamic_head_dims>>>;
 
+/// Every layout and element type for one head configuration: the list a
+/// program that runs one known model shape dispatches over (each configuration
+/// instantiates the whole cached path, so short lists compile fast).
+/// @tparam Heads a head_config
+template <class Heads>
+using configurations_for = configuration_product_t<all_layouts, all_elements, type_list<Heads>>;
+
 /// The runtime configuration the cached path asks the dispatcher for.
 inline runtime_configuration wanted_configuration_of(const model_config& config, const cache_options& cache) {
     return {cache.layout, cache.element, config.heads()};

@@ -91,9 +91,9 @@ public:
     template <class Layout, class Query>
     std::size_t workspace_floats(const decode_params<Layout, Query>& p) const {
         using heads = typename Layout::heads;
-        const int blocks_y = p.view.kv_heads() * decode_kernel<Layout, Query>::blocks_per_kv_head(p.view);
-        const int splits = kvcache::detail::decode_splits(p.view.sequence_count(), blocks_y,
-                                                          cuda::detail::current_multiprocessors(), p.options);
+        const int splits =
+            kvcache::detail::decode_splits(p.view.sequence_count(), decode_kernel<Layout, Query>::grid_y(p.view),
+                                           cuda::detail::current_multiprocessors(), p.options);
         if (splits <= 1) return 0;
         return kvcache::detail::decode_workspace_floats(std::size_t(p.view.sequence_count()) * p.view.query_heads(), splits,
                                                         heads::head_dim);

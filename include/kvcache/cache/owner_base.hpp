@@ -137,7 +137,7 @@ public:
         const Derived& self = derived();
         for (sequence_id id : ids) (void)self.length(id);
         std::vector<sequence_record<Element>> records;
-        const std::size_t row = std::size_t(kv_heads()) * Heads::head_dim;
+        const std::size_t row = token_row();
         for (sequence_id id : ids) {
             sequence_record<Element> rec;
             rec.length = self.length(id);
@@ -265,7 +265,7 @@ protected:
     /// rows of one layer ([token][kv_head][head_dim]) for an operation on id.
     void check_rows(std::size_t keys, std::size_t values, int n, sequence_id id, int layer, const char* op) const {
         require_count(n, "n_tokens");
-        const std::int64_t row = std::int64_t(kv_heads()) * Heads::head_dim;
+        const std::int64_t row = std::int64_t(token_row());
         require_elements(keys, n, row, "keys", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
                          ", layer ", layer, ")");
         require_elements(values, n, row, "values", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,

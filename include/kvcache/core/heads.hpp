@@ -132,9 +132,6 @@ struct head_config : detail::head_count_storage<QueryHeads, KvHeads> {
     /// A configuration from a runtime shape (its head_dim must be HeadDim).
     explicit head_config(const head_shape& shape) : head_config(checked_dim(shape).query_heads, shape.kv_heads) {}
 
-    /// The counts as runtime values.
-    head_shape shape() const noexcept { return head_shape{this->query_heads(), this->kv_heads(), HeadDim}; }
-
     /// True when the counts are set (always, for a static configuration).
     KVCACHE_HOST_DEVICE constexpr bool valid() const noexcept { return this->kv_heads() > 0 && this->query_heads() > 0; }
 

@@ -57,6 +57,10 @@ struct decode_kernel {
         if constexpr (compiled_group) return 1;
         else return (view.group_size() + group - 1) / group;
     }
+    /// Blocks along grid y: every KV head's.
+    KVCACHE_HOST_DEVICE static constexpr int grid_y(const Layout& view) noexcept {
+        return view.kv_heads() * blocks_per_kv_head(view);
+    }
 
     template <class Context>
     KVCACHE_HOST_DEVICE void operator()(Context& ctx, const decode_kernel_params<Layout, Query>& p) const {

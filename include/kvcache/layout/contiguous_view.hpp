@@ -79,9 +79,6 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
         return v;
     }
 
-    /// The head configuration object (the runtime counts of a dynamic one).
-    KVCACHE_HOST_DEVICE constexpr const Heads& head_counts() const noexcept { return *this; }
-
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
 

@@ -90,9 +90,6 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         return v;
     }
 
-    /// The head configuration object (the runtime counts of a dynamic one).
-    KVCACHE_HOST_DEVICE constexpr const Heads& head_counts() const noexcept { return *this; }
-
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
     KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
 

@@ -76,9 +76,6 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
         const int from = lengths[seq] - ring;
         return from > sinks ? from : sinks;
     }
-    /// The head configuration object (the runtime counts of a dynamic one).
-    KVCACHE_HOST_DEVICE constexpr const Heads& head_counts() const noexcept { return *this; }
-
     KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept {
         const int n = lengths[seq];
         return sink_count(seq) + (n > sinks ? n - first_ring_position(seq) : 0);

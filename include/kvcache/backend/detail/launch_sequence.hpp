@@ -21,12 +21,13 @@
 namespace kvcache {
 namespace detail {
 
-/// Splits per (sequence, KV head): the option when set (check_options bounds
-/// it), else enough blocks to give every multiprocessor two. Split blocks past
-/// a short sequence's keys write empty states, which the merge ignores.
-inline int decode_splits(int batch, int kv_heads, int multiprocessors, const attention_options& options) {
+/// Splits per (sequence, block along grid y): the option when set
+/// (check_options bounds it), else enough blocks to give every multiprocessor
+/// two. Split blocks past a short sequence's keys write empty states, which
+/// the merge ignores.
+inline int decode_splits(int batch, int blocks_y, int multiprocessors, const attention_options& options) {
     if (options.kv_splits > 0) return options.kv_splits;
-    const int items = std::max(1, batch * kv_heads), target = 2 * multiprocessors;
+    const int items = std::max(1, batch * blocks_y), target = 2 * multiprocessors;
     return items >= target ? 1 : std::min(max_kv_splits, (target + items - 1) / items);
 }
 
@@ -72,7 +73,7 @@ void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Qu
     const int batch = view.sequence_count();
     check_batch(batch);
     if (batch == 0) return;
-    const int blocks_y = view.kv_heads() * body::blocks_per_kv_head(view);
+    const int blocks_y = body::grid_y(view);
     const int splits = decode_splits(batch, blocks_y, launcher.multiprocessors(), options);
     decode_kernel_params<Layout, Query> params{view, queries, outputs, lse, nullptr, nullptr,
                                         resolved_softmax_scale(options, heads::head_dim), options.logits_soft_cap, splits};

@@ -14,14 +14,18 @@ namespace detail {
 /// Storage slot of batch entry seq: slots[seq], or seq itself when slots is null.
 KVCACHE_HOST_DEVICE constexpr int slot_of(const int* slots, int seq) noexcept { return slots ? slots[seq] : seq; }
 
-/// CRTP base of the views. Derived has members keys, values, lengths and
-/// sequences, and offset(seq, kv_head, position) in elements.
+/// CRTP base of the views. Derived derives from its head configuration too,
+/// has members keys, values, lengths and sequences, and offset(seq, kv_head, position) in elements.
 /// @tparam Derived the view
 /// @tparam Element stored element type
 template <class Derived, class Element>
 struct view_rows {
     KVCACHE_HOST_DEVICE int sequence_count() const noexcept { return self().sequences; }
     KVCACHE_HOST_DEVICE int length(int seq) const noexcept { return self().lengths[seq]; }
+    /// The head configuration object (a base of the view; the runtime counts of a dynamic one).
+    KVCACHE_HOST_DEVICE constexpr const auto& head_counts() const noexcept {
+        return static_cast<const typename Derived::heads&>(self());
+    }
 
     /// Key row of (seq, kv_head, position).
     KVCACHE_HOST_DEVICE Element* key(int seq, int kv_head, int position) const noexcept {
@@ -53,7 +57,7 @@ protected:
     }
 
 private:
-    KVCACHE_HOST_DEVICE const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+    KVCACHE_HOST_DEVICE constexpr const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
 };
 
 }  // namespace detail

@@ -37,6 +37,8 @@ template <class Layout, class Input>
 struct append_params {
     static_assert(is_layout_view_v<Layout>, "kvcache::append_params needs a layout view");
     static_assert(is_element_v<Input>, "kvcache::append_params: K/V rows are float or kvcache::half");
+    static_assert(!std::is_const_v<typename Layout::element_type>,
+                  "kvcache::append_params: append writes the cache, and this view's elements are const (read-only)");
     Layout view;
     span<const Input> keys;             ///< [new tokens][kv_heads][head_dim]
     span<const Input> values;           ///< [new tokens][kv_heads][head_dim]
@@ -62,6 +64,12 @@ struct decode_params {
     attention_options options;    ///< scale, soft cap, key splits
 
     decode_params(const Layout& v, span<const Query> q, span<Query> o) : view(v), queries(q), outputs(o) {}
+    /// From a read-only view of the same memory (elements const).
+    /// @tparam ReadOnly the const-element form of Layout
+    template <class ReadOnly, class = std::enable_if_t<!std::is_same_v<ReadOnly, Layout> &&
+                                                       std::is_same_v<detail::attention_view_t<ReadOnly>, Layout>>>
+    decode_params(const ReadOnly& v, span<const Query> q, span<Query> o)
+        : decode_params(detail::attention_view_of(v), q, o) {}
 };
 
 /// Prefill attention: the query tokens of each sequence attend to the keys
@@ -87,6 +95,12 @@ struct prefill_params {
 
     prefill_params(const Layout& v, span<const Query> q, span<const int> offsets, span<Query> o)
         : view(v), queries(q), query_offsets(offsets), outputs(o) {}
+    /// From a read-only view of the same memory (elements const).
+    /// @tparam ReadOnly the const-element form of Layout
+    template <class ReadOnly, class = std::enable_if_t<!std::is_same_v<ReadOnly, Layout> &&
+                                                       std::is_same_v<detail::attention_view_t<ReadOnly>, Layout>>>
+    prefill_params(const ReadOnly& v, span<const Query> q, span<const int> offsets, span<Query> o)
+        : prefill_params(detail::attention_view_of(v), q, offsets, o) {}
 };
 
 /// Merges partial attention states of the same query rows (split keys,
@@ -113,9 +127,11 @@ struct merge_params {
 template <class Layout, class Keys, class Values, class Offsets>
 append_params(const Layout&, Keys&&, Values&&, Offsets&&) -> append_params<Layout, detail::range_element_t<Keys>>;
 template <class Layout, class Queries, class Outputs>
-decode_params(const Layout&, Queries&&, Outputs&&) -> decode_params<Layout, detail::range_element_t<Queries>>;
+decode_params(const Layout&, Queries&&, Outputs&&)
+    -> decode_params<detail::attention_view_t<Layout>, detail::range_element_t<Queries>>;
 template <class Layout, class Queries, class Offsets, class Outputs>
-prefill_params(const Layout&, Queries&&, Offsets&&, Outputs&&) -> prefill_params<Layout, detail::range_element_t<Queries>>;
+prefill_params(const Layout&, Queries&&, Offsets&&, Outputs&&)
+    -> prefill_params<detail::attention_view_t<Layout>, detail::range_element_t<Queries>>;
 template <class States, class Lse, class Merged>
 merge_params(int, int, int, States&&, Lse&&, Merged&&)
     -> merge_params<detail::range_element_t<States>, detail::range_element_t<Merged>>;

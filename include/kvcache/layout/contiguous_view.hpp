@@ -19,7 +19,7 @@ namespace kvcache {
 /// keys[slot * slot_stride + kv_head * head_stride + position * position_stride + d]
 /// (the same for values). Default strides give [slot][kv_head][position][head_dim].
 /// Batch entry i reads storage slot slots[i], or slot i when slots is null.
-/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Element stored element type (float or kvcache::half; const for a read-only view)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
 struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Element>, Heads {
@@ -95,9 +95,28 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return mask; }
+
+    /// The same view over other key and value bases of the same element
+    /// (const Element for a read-only view; see read_only()).
+    /// @tparam To Element, or Element with const added or removed
+    template <class To>
+    KVCACHE_HOST_DEVICE constexpr contiguous_view<To, Heads> with_elements(To* new_keys, To* new_values) const noexcept {
+        static_assert(std::is_same_v<std::remove_const_t<To>, std::remove_const_t<Element>>,
+                      "kvcache: with_elements changes only the elements' constness");
+        auto v = contiguous_view<To, Heads>::strided(new_keys, new_values, lengths, sequences, capacity, slot_stride,
+                                                     head_stride, position_stride, slots, this->head_counts());
+        v.mask = mask;
+        v.sequence_ids = sequence_ids;
+        return v;
+    }
+    /// This view with const elements: attention takes it, append does not compile.
+    KVCACHE_HOST_DEVICE constexpr contiguous_view<const Element, Heads> read_only() const noexcept {
+        return with_elements<const Element>(keys, values);
+    }
 };
 
 static_assert(is_layout_view_v<contiguous_view<float, head_config<1, 1, 8>>>, "contiguous_view must satisfy the layout interface");
 static_assert(is_layout_view_v<contiguous_view<half, head_config<4, 2, 16>>>, "contiguous_view must satisfy the layout interface");
+static_assert(is_layout_view_v<contiguous_view<const half, head_config<4, 2, 16>>>, "a read-only contiguous_view must satisfy the layout interface");
 
 }  // namespace kvcache

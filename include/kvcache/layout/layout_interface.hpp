@@ -98,6 +98,30 @@ struct has_layout_interface<
 
 }  // namespace detail
 
+namespace detail {
+
+/// The view with writable element pointers. Attention over a read-only view
+/// (const elements) runs the kernels compiled for the writable one, which
+/// only read through them; append never gets here with a read-only view.
+/// @tparam View a layout view with with_elements()
+template <class View>
+KVCACHE_HOST_DEVICE constexpr auto attention_view_of(const View& view) noexcept {
+    using element = typename View::element_type;
+    if constexpr (std::is_const_v<element>) {
+        using writable = std::remove_const_t<element>;
+        return view.template with_elements<writable>(const_cast<writable*>(view.keys), const_cast<writable*>(view.values));
+    } else {
+        return view;
+    }
+}
+
+/// The view type attention_view_of() returns.
+/// @tparam View a layout view
+template <class View>
+using attention_view_t = decltype(attention_view_of(std::declval<const View&>()));
+
+}  // namespace detail
+
 /// True when View offers the layout interface above and is trivially copyable.
 /// @tparam View candidate layout view type
 template <class View>

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
@@ -43,7 +44,7 @@ enum class page_order : int { head_major = 0, token_major = 1 };
 /// keys[page * page_stride + (row * kv_heads + kv_head) * head_dim] token-major
 /// (values alike).
 /// The page size is a runtime value: one compiled kernel serves every size.
-/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Element stored element type (float or kvcache::half; const for a read-only view)
 /// @tparam Heads a head_config
 /// @tparam Order the in-page order of rows
 template <class Element, class Heads, page_order Order = page_order::head_major>
@@ -129,10 +130,30 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return mask; }
+
+    /// The same view over other key and value bases of the same element
+    /// (const Element for a read-only view; see read_only()).
+    /// @tparam To Element, or Element with const added or removed
+    template <class To>
+    KVCACHE_HOST_DEVICE constexpr paged_view<To, Heads, Order> with_elements(To* new_keys, To* new_values) const noexcept {
+        static_assert(std::is_same_v<std::remove_const_t<To>, std::remove_const_t<Element>>,
+                      "kvcache: with_elements changes only the elements' constness");
+        auto v = paged_view<To, Heads, Order>::packed(new_keys, new_values, page_offsets, page_indices, lengths,
+                                                      sequences, page_size, this->head_counts());
+        v.page_stride = page_stride;
+        v.mask = mask;
+        v.sequence_ids = sequence_ids;
+        return v;
+    }
+    /// This view with const elements: attention takes it, append does not compile.
+    KVCACHE_HOST_DEVICE constexpr paged_view<const Element, Heads, Order> read_only() const noexcept {
+        return with_elements<const Element>(keys, values);
+    }
 };
 
 static_assert(is_layout_view_v<paged_view<float, head_config<1, 1, 8>>>, "paged_view must satisfy the layout interface");
 static_assert(is_layout_view_v<paged_view<half, head_config<4, 2, 16>>>, "paged_view must satisfy the layout interface");
+static_assert(is_layout_view_v<paged_view<const half, head_config<4, 2, 16>>>, "a read-only paged_view must satisfy the layout interface");
 static_assert(is_layout_view_v<paged_view<half, head_config<4, 2, 16>, page_order::token_major>>,
               "a token-major paged_view must satisfy the layout interface");
 

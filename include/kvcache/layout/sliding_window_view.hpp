@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
@@ -22,7 +23,7 @@ namespace kvcache {
 /// Present positions: [0, min(length, sinks)) and [max(sinks, length - ring), length).
 /// ring >= window so every key a query may see is present; with
 /// ring = window + chunk - 1, a chunk of new tokens still sees its own window.
-/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Element stored element type (float or kvcache::half; const for a read-only view)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
 struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Heads>, Element>, Heads {
@@ -114,6 +115,25 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {window, sinks}; }
+
+    /// The same view over other key and value bases of the same element
+    /// (const Element for a read-only view; see read_only()).
+    /// @tparam To Element, or Element with const added or removed
+    template <class To>
+    KVCACHE_HOST_DEVICE constexpr sliding_window_view<To, Heads> with_elements(To* new_keys, To* new_values) const noexcept {
+        static_assert(std::is_same_v<std::remove_const_t<To>, std::remove_const_t<Element>>,
+                      "kvcache: with_elements changes only the elements' constness");
+        auto v = sliding_window_view<To, Heads>::packed(new_keys, new_values, lengths, slots, sequences, sinks, ring,
+                                                        window, this->head_counts());
+        v.slot_stride = slot_stride;
+        v.head_stride = head_stride;
+        v.sequence_ids = sequence_ids;
+        return v;
+    }
+    /// This view with const elements: attention takes it, append does not compile.
+    KVCACHE_HOST_DEVICE constexpr sliding_window_view<const Element, Heads> read_only() const noexcept {
+        return with_elements<const Element>(keys, values);
+    }
 };
 
 static_assert(is_layout_view_v<sliding_window_view<float, head_config<1, 1, 8>>>, "sliding_window_view must satisfy the layout interface");

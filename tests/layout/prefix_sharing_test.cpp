@@ -166,3 +166,59 @@ TEST_CASE("between chains, the least recently used leaf goes first") {
     const auto probe_new = cache.add_sequence();
     CHECK(cache.match_prefix(probe_new, newer) == 2 * page);
 }
+
+namespace {
+/// Host memory whose stream is a number and whose copies are recorded:
+/// shows which stream a cache orders each copy on (CUDA streams here).
+struct recording_memory : kvcache::host_memory {
+    using stream_type = int;
+    struct copy {
+        bool ordered;  ///< copy_within_async (on a stream) rather than copy_within
+        int stream;    ///< the stream of an ordered copy
+    };
+    static std::vector<copy>& copies() {
+        static std::vector<copy> recorded;
+        return recorded;
+    }
+    static void copy_within(void* destination, const void* source, std::size_t bytes) {
+        copies().push_back({false, 0});
+        kvcache::host_memory::copy_within(destination, source, bytes);
+    }
+    static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type stream) {
+        copies().push_back({true, stream});
+        kvcache::host_memory::copy_within(destination, source, bytes);
+    }
+    static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
+        kvcache::host_memory::copy_from_host(destination, source, bytes);
+    }
+};
+}  // namespace
+
+TEST_CASE("a plan's copy on write is ordered on the plan's stream; begin_append's is done on return") {
+    kvcache::paged_cache<float, heads, recording_memory> cache(2, 16, page, false);
+    const auto parent = cache.add_sequence();
+    cache.begin_append(parent, page + 1);  // two pages, the second one row full
+    const auto child = cache.fork(parent);
+    auto& copies = recording_memory::copies();
+    copies.clear();
+    const auto plan = cache.plan({child}, {1}, 7);  // writes into the shared partial page
+    REQUIRE(copies.size() == 4);                     // its key and value planes in both layers
+    for (const auto& c : copies) {
+        CHECK(c.ordered);
+        CHECK(c.stream == 7);
+    }
+    CHECK(cache.pages(child)[1] != cache.pages(parent)[1]);
+    CHECK(plan.new_tokens(0) == 1);
+    // With token ids (the prefix cache's plan) the same.
+    const auto second = cache.fork(parent);
+    copies.clear();
+    (void)cache.plan_with_tokens({second}, {{42}}, 9);
+    REQUIRE(copies.size() == 4);
+    for (const auto& c : copies) CHECK((c.ordered && c.stream == 9));
+    // Outside a plan there is no stream: the copy is done when the call returns.
+    const auto third = cache.fork(parent);
+    copies.clear();
+    cache.begin_append(third, 1);
+    REQUIRE(copies.size() == 4);
+    for (const auto& c : copies) CHECK(!c.ordered);
+}

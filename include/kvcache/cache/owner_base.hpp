@@ -96,7 +96,7 @@ public:
     void replan(step_plan<D>& p, const std::vector<sequence_id>& batch, const std::vector<int>& new_tokens = {},
                 typename D::memory::stream_type stream = {}) {
         replan_reserving(p, batch, new_tokens, stream,
-                         [&](std::size_t i) { derived().begin_append(batch[i], new_tokens[i]); });
+                         [&](std::size_t i) { derived().reserve_for_plan(batch[i], new_tokens[i], stream); });
     }
 
     /// append() from rows of the other element type (float rows into a half
@@ -244,6 +244,14 @@ protected:
             for (std::size_t i = 0; i < reserved; ++i) self.undo_reservation(batch[i], old_lengths[i]);
             throw;
         }
+    }
+
+    /// A plan's reservation of n positions; the paged cache orders its copy
+    /// on write on the plan's stream, the other owners copy nothing.
+    /// @tparam Stream the memory policy's stream type
+    template <class Stream>
+    void reserve_for_plan(sequence_id id, int n, Stream) {
+        derived().begin_append(id, n);
     }
 
     /// Gives back positions reserved past old_length by a plan that failed.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kvcache/cache/owner_base.hpp"
@@ -123,8 +124,9 @@ public:
                 new_token_ids.size(), " entries but the batch has ", batch.size(), " sequences");
         std::vector<int> counts;
         for (const auto& ids : new_token_ids) counts.push_back(static_cast<int>(ids.size()));
-        this->replan_reserving(p, batch, counts, stream,
-                               [&](std::size_t i) { begin_append(batch[i], counts[i], new_token_ids[i]); });
+        this->replan_reserving(p, batch, counts, stream, [&](std::size_t i) {
+            append_positions(batch[i], counts[i], new_token_ids[i].data(), counts[i], stream);
+        });
     }
 
     using base::append;
@@ -330,7 +332,15 @@ private:
                 pool_.evictable_count(), " evictable");
     }
 
-    int append_positions(sequence_id id, int n, const std::int32_t* tokens, int token_count) {
+    /// A plan's reservation: copies on write ordered on the plan's stream.
+    void reserve_for_plan(sequence_id id, int n, typename Memory::stream_type stream) {
+        append_positions(id, n, nullptr, 0, stream);
+    }
+
+    /// Reserves n positions (see begin_append); with a stream, a copy on
+    /// write is ordered on it (a plan's), else it is done on return.
+    int append_positions(sequence_id id, int n, const std::int32_t* tokens, int token_count,
+                         std::optional<typename Memory::stream_type> stream = std::nullopt) {
         detail::require_count(n, "n_tokens");
         state& s = sequences_.at(id);
         require(n <= 0x7fffffff - s.length, error_code::capacity_exceeded, "length ", s.length, " + ", n,
@@ -340,7 +350,7 @@ private:
         const bool copy_last = n > 0 && old % page_size_ != 0 && pool_.shared(s.pages.back());
         require_pages(needed + (copy_last ? 1 : 0), id);
         publish_pages(s, old);  // rows below the old length were written in earlier steps
-        if (copy_last) make_private(s, static_cast<int>(s.pages.size()) - 1);
+        if (copy_last) make_private(s, static_cast<int>(s.pages.size()) - 1, stream);
         for (int i = 0; i < needed; ++i) s.pages.push_back(pool_.allocate());
         if (static_cast<int>(s.tokens.size()) == old) s.tokens.insert(s.tokens.end(), tokens, tokens + token_count);
         s.length = old + n;
@@ -359,15 +369,21 @@ private:
         }
     }
 
-    /// Replaces page i of s by a private copy (every layer).
-    void make_private(state& s, int i) {
+    /// Replaces page i of s by a private copy (every layer), ordered on
+    /// stream when one is given.
+    void make_private(state& s, int i, std::optional<typename Memory::stream_type> stream = std::nullopt) {
         const int old = s.pages[i];
         const int fresh = pool_.allocate();
         const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
+        const auto copy = [&](Element* plane) {
+            if (stream)
+                Memory::copy_within_async(plane + fresh * page_elements(), plane + old * page_elements(), bytes, *stream);
+            else
+                Memory::copy_within(plane + fresh * page_elements(), plane + old * page_elements(), bytes);
+        };
         for (int l = 0; l < layers_; ++l) {
-            Memory::copy_within(keys_[l].data() + fresh * page_elements(), keys_[l].data() + old * page_elements(), bytes);
-            Memory::copy_within(values_[l].data() + fresh * page_elements(), values_[l].data() + old * page_elements(),
-                                bytes);
+            copy(keys_[l].data());
+            copy(values_[l].data());
         }
         pool_.release(old);
         s.pages[i] = fresh;

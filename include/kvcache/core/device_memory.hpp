@@ -98,6 +98,11 @@ struct device_memory {
     static void copy_within(void* destination, const void* source, std::size_t bytes) {
         if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyDeviceToDevice));
     }
+    /// copy_within ordered on the stream: what a plan's copy on write uses,
+    /// so a step's copies, uploads and kernels all run on the caller's stream.
+    static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type stream) {
+        if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, stream));
+    }
 };
 
 }  // namespace kvcache

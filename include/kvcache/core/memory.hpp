@@ -119,6 +119,10 @@ struct host_memory {
     static void copy_within(void* destination, const void* source, std::size_t bytes) {
         if (bytes) std::memmove(destination, source, bytes);
     }
+    /// copy_within ordered on a stream (for host memory: done on return).
+    static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type) {
+        copy_within(destination, source, bytes);
+    }
 };
 
 }  // namespace kvcache

@@ -1,7 +1,8 @@
 // The kernel matrix on a real GPU through the CUDA backend (the instantiation
 // library compiled from KVCACHE_CUDA_TEST_CONFIGURATIONS), against the same
-// reference. Cache storage is CUDA managed memory so the reference reads it
-// directly. Without a device the test prints why and passes.
+// reference, through the same harness as every other backend: the factories'
+// buffers are CUDA managed memory, so the kernels and the reference read the
+// same bytes. Without a device the test prints why and passes.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
@@ -68,58 +69,6 @@ managed_buffer<T> managed_copy(const T* source, std::size_t count) {
     return copy;
 }
 
-void synchronise() {
-    check_cuda(cudaGetLastError(), "kernel launch");
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-}
-
-/// The CUDA backend over the harness's host vectors: the harness fills
-/// std::vectors, the kernels need device-accessible memory, so each call
-/// copies its buffers into managed memory and waits for the stream.
-struct managed_cuda_backend {
-    kvcache::cuda_backend backend;
-    template <class View, class Query>
-    void decode(const decode_params<View, Query>& p) const {
-        auto queries = managed_copy(p.queries.data(), p.queries.size());
-        managed_buffer<Query> outputs(p.outputs.size());
-        managed_buffer<float> lse(p.lse.size());
-        decode_params<View, Query> call(p.view, queries, outputs);
-        if (!p.lse.empty()) call.lse = lse;
-        call.options = p.options;
-        backend.decode(call);
-        synchronise();
-        std::memcpy(static_cast<void*>(p.outputs.data()), outputs.data(), p.outputs.size() * sizeof(Query));
-        if (!p.lse.empty()) std::memcpy(p.lse.data(), lse.data(), p.lse.size() * sizeof(float));
-    }
-    template <class View, class Query>
-    void prefill(const prefill_params<View, Query>& p) const {
-        auto queries = managed_copy(p.queries.data(), p.queries.size());
-        auto offsets = managed_copy(p.query_offsets.data(), p.query_offsets.size());
-        auto positions = managed_copy(p.query_positions.data(), p.query_positions.size());
-        managed_buffer<Query> outputs(p.outputs.size());
-        managed_buffer<float> lse(p.lse.size());
-        prefill_params<View, Query> call(p.view, queries, offsets, outputs);
-        if (!p.lse.empty()) call.lse = lse;
-        if (!p.query_positions.empty()) call.query_positions = positions;
-        call.options = p.options;
-        backend.prefill(call);
-        synchronise();
-        std::memcpy(static_cast<void*>(p.outputs.data()), outputs.data(), p.outputs.size() * sizeof(Query));
-        if (!p.lse.empty()) std::memcpy(p.lse.data(), lse.data(), p.lse.size() * sizeof(float));
-    }
-    template <class View, class Input>
-    void append(const append_params<View, Input>& p) const {
-        auto keys = managed_copy(p.keys.data(), p.keys.size());
-        auto values = managed_copy(p.values.data(), p.values.size());
-        auto offsets = managed_copy(p.new_token_offsets.data(), p.new_token_offsets.size());
-        auto positions = managed_copy(p.positions.data(), p.positions.size());
-        append_params<View, Input> call(p.view, keys, values, offsets);
-        if (!p.positions.empty()) call.positions = positions;
-        backend.append(call);
-        synchronise();
-    }
-};
-
 template <class Layout>
 struct factory_for;
 template <>
@@ -140,8 +89,8 @@ void check_compiled(type_list<Configurations...>) {
     const auto one = [](auto configuration) {
         using c = decltype(configuration);
         using factory = typename factory_for<typename c::layout>::type;
-        check_attention<factory, typename c::element, typename c::heads>(managed_cuda_backend{}, "cuda");
-        check_append<factory, typename c::element, typename c::heads>(managed_cuda_backend{}, "cuda");
+        check_attention<factory, typename c::element, typename c::heads>(cuda_backend{}, "cuda");
+        check_append<factory, typename c::element, typename c::heads>(cuda_backend{}, "cuda");
     };
     (one(Configurations{}), ...);
 }
@@ -185,8 +134,9 @@ TEST_CASE("cuda merge_states: empty states weigh nothing") {
     managed_buffer<float> merged(rows * dim), merged_lse(rows);
     merge_params call(states, rows, dim, outputs, lse, merged);
     call.merged_lse = merged_lse;
-    cuda_backend{}.merge(call);
-    synchronise();
+    const cuda_backend backend;
+    backend.merge(call);
+    backend.synchronize();
     std::vector<float> expected(rows * dim), expected_lse(rows);
     merge_params reference_call(states, rows, dim, host_outputs, host_lse, expected);
     reference_call.merged_lse = expected_lse;

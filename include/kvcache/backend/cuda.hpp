@@ -145,6 +145,10 @@ public:
                                                                 stream_);
     }
 
+    /// Waits on the host until the stream's work is done; a kernel's fault
+    /// surfaces here as error_code::cuda_error.
+    void synchronize() const { KVCACHE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
     /// The stream every call is ordered on.
     cudaStream_t stream() const noexcept { return stream_; }
 

@@ -87,6 +87,10 @@ public:
                                                               p.merged_lse.empty() ? nullptr : p.merged_lse.data()));
     }
 
+    /// Waits for the calls made so far: nothing to wait for, each call's
+    /// work is done when it returns (cuda_backend's is not).
+    void synchronize() const noexcept {}
+
     /// The emulator options every launch uses.
     const emulator_options& options() const noexcept { return options_; }
 

@@ -233,6 +233,10 @@ public:
         }
     }
 
+    /// Waits for the calls made so far: nothing to wait for, each call's
+    /// work is done when it returns (cuda_backend's is not).
+    void synchronize() const noexcept {}
+
 private:
     // The exact results of a call whose params were checked (the public
     // members check once, with or without the outputs).

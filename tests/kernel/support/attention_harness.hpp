@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kvcache/backend/reference.hpp"
+#include "kvcache/core/memory.hpp"
 #include "scatter_layout.hpp"
 
 namespace kvcache_test {
@@ -83,9 +85,11 @@ double output_tolerance() {
 /// Tolerance on log-sum-exp (magnitude up to ~10): FP32 sum of exps, 1e-5 relative.
 inline double lse_tolerance(double lse) { return 1e-5 * std::max(1.0, std::fabs(lse)); }
 
-template <class Output>
-void compare(const std::vector<Output>& actual, const std::vector<float>& actual_lse, const reference::attention_result& expected,
+/// Compares a backend's outputs and log-sum-exps (any buffers with size() and []) with the reference's.
+template <class Outputs, class Lse>
+void compare(const Outputs& actual, const Lse& actual_lse, const reference::attention_result& expected,
              const std::string& what) {
+    using Output = detail::range_element_t<const Outputs>;
     INFO(what);
     REQUIRE(actual.size() == expected.outputs.size());
     double worst = 0.0;
@@ -117,6 +121,32 @@ std::vector<T> random_rows(std::size_t count, float magnitude, unsigned seed) {
     std::vector<T> rows(count);
     for (auto& x : rows) x = from_float<T>(uniform(random));
     return rows;
+}
+
+/// A Buffer<T> (host_buffer, or memory a device backend reads) holding values.
+/// @tparam Buffer the factory's buffer template
+template <template <class> class Buffer, class T>
+Buffer<T> buffer_of(const std::vector<T>& values) {
+    Buffer<T> buffer(std::max<std::size_t>(values.size(), 1));
+    std::copy(values.begin(), values.end(), &buffer[0]);
+    return buffer;
+}
+
+/// A Buffer<T> of count copies of value (outputs the backend must overwrite).
+/// @tparam Buffer the factory's buffer template
+template <template <class> class Buffer, class T>
+Buffer<T> filled(std::size_t count, T value) {
+    return buffer_of<Buffer>(std::vector<T>(count, value));
+}
+
+/// The first count elements of a buffer as a span (buffer_of keeps at least one).
+template <class Buffer>
+auto first(Buffer& buffer, std::size_t count) {
+    return span<detail::range_element_t<Buffer>>(buffer.data(), count);
+}
+template <class Buffer>
+auto first(const Buffer& buffer, std::size_t count) {
+    return span<const detail::range_element_t<const Buffer>>(buffer.data(), count);
 }
 
 /// Fills every present row of a cache through reference_backend::append of whole sequences.
@@ -152,8 +182,9 @@ inline std::string heads_name(int q, int kv, int d) {
 /// Runs decode and prefill (at the last positions and at explicit query
 /// positions) of a backend on a cache from Factory for every standard case
 /// and compares with the reference. Query elements are Query; heads carries
-/// the counts of a dynamic head configuration.
-/// @tparam Factory struct with name and make<Element, Heads>(case, seed, heads) returning an owner with view()
+/// the counts of a dynamic head configuration. Every buffer is the factory's
+/// (memory the backend reads); the backend's synchronize() precedes each comparison.
+/// @tparam Factory struct with name, buffer<T>, and make<Element, Heads>(case, seed, heads) returning an owner with view()
 /// @tparam Element the cache's element type
 /// @tparam Heads a head_config
 /// @tparam Query the queries' and outputs' element type
@@ -175,38 +206,36 @@ void check_attention(const Backend& backend, const std::string& backend_name, co
                                  " queries, " + heads + ", " + c.name;
         const int batch = view.sequence_count();
         {  // decode
-            const auto queries = random_rows<Query>(std::size_t(batch) * counts.query_heads() * Heads::head_dim, 3.0f, seed++);
-            std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
-            std::vector<float> lse(std::size_t(batch) * counts.query_heads(), 99.0f);
-            decode_params call(view, queries, outputs);
-            call.lse = lse;
+            const std::size_t rows = std::size_t(batch) * counts.query_heads();
+            const auto queries = buffer_of<Factory::template buffer>(random_rows<Query>(rows * Heads::head_dim, 3.0f, seed++));
+            auto outputs = filled<Factory::template buffer>(rows * Heads::head_dim, from_float<Query>(99.0f));
+            auto lse = filled<Factory::template buffer>(rows, 99.0f);
+            decode_params call(view, first(queries, rows * Heads::head_dim), first(outputs, rows * Heads::head_dim));
+            call.lse = first(lse, rows);
             call.options = c.options;
             backend.decode(call);
-            compare(outputs, lse, reference.decode_exact(call), what + ", decode");
+            backend.synchronize();
+            compare(call.outputs, call.lse, reference.decode_exact(call), what + ", decode");
         }
-        std::vector<int> offsets(1, 0);
-        for (int b = 0; b < batch; ++b) offsets.push_back(offsets.back() + c.chunk[b]);
-        const auto queries =
-            random_rows<Query>(std::size_t(offsets.back()) * counts.query_heads() * Heads::head_dim, 3.0f, seed++);
-        {  // prefill of the last positions
-            std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
-            std::vector<float> lse(std::size_t(offsets.back()) * counts.query_heads(), 99.0f);
-            prefill_params call(view, queries, offsets, outputs);
-            call.lse = lse;
+        std::vector<int> host_offsets(1, 0);
+        for (int b = 0; b < batch; ++b) host_offsets.push_back(host_offsets.back() + c.chunk[b]);
+        const auto offsets = buffer_of<Factory::template buffer>(host_offsets);
+        const std::size_t rows = std::size_t(host_offsets.back()) * counts.query_heads();
+        const auto queries = buffer_of<Factory::template buffer>(random_rows<Query>(rows * Heads::head_dim, 3.0f, seed++));
+        const auto offset_span = first(offsets, host_offsets.size());
+        for (const bool explicit_positions : {false, true}) {  // at the last positions, then placed by hand
+            const auto positions = buffer_of<Factory::template buffer>(scattered_positions(host_offsets, c.lengths, seed++));
+            auto outputs = filled<Factory::template buffer>(rows * Heads::head_dim, from_float<Query>(99.0f));
+            auto lse = filled<Factory::template buffer>(rows, 99.0f);
+            prefill_params call(view, first(queries, rows * Heads::head_dim), offset_span,
+                                first(outputs, rows * Heads::head_dim));
+            call.lse = first(lse, rows);
+            if (explicit_positions) call.query_positions = first(positions, std::size_t(host_offsets.back()));
             call.options = c.options;
             backend.prefill(call);
-            compare(outputs, lse, reference.prefill_exact(call), what + ", prefill");
-        }
-        {  // prefill at explicit query positions
-            const auto positions = scattered_positions(offsets, c.lengths, seed++);
-            std::vector<Query> outputs(queries.size(), from_float<Query>(99.0f));
-            std::vector<float> lse(std::size_t(offsets.back()) * counts.query_heads(), 99.0f);
-            prefill_params call(view, queries, offsets, outputs);
-            call.lse = lse;
-            call.query_positions = positions;
-            call.options = c.options;
-            backend.prefill(call);
-            compare(outputs, lse, reference.prefill_exact(call), what + ", prefill at explicit positions");
+            backend.synchronize();
+            compare(call.outputs, call.lse, reference.prefill_exact(call),
+                    what + (explicit_positions ? ", prefill at explicit positions" : ", prefill"));
         }
     }
     combination_registry::instance().add("decode", Factory::name, type, heads);
@@ -244,13 +273,15 @@ void check_append(const Backend& backend, const std::string& backend_name, const
                 offsets.push_back(offsets.back() + tokens);
             }
             const std::size_t count = std::size_t(offsets.back()) * counts.kv_heads() * Heads::head_dim;
-            const auto keys = random_rows<Input>(count, 1.0f, seed++);
-            const auto values = random_rows<Input>(count, 1.0f, seed++);
-            append_params call(view, keys, values, offsets);
-            call.positions = positions;
+            const auto keys = buffer_of<Factory::template buffer>(random_rows<Input>(count, 1.0f, seed++));
+            const auto values = buffer_of<Factory::template buffer>(random_rows<Input>(count, 1.0f, seed++));
+            const auto offset_buffer = buffer_of<Factory::template buffer>(offsets), position_buffer = buffer_of<Factory::template buffer>(positions);
+            append_params call(view, first(keys, count), first(values, count), first(offset_buffer, offsets.size()));
+            call.positions = first(position_buffer, positions.size());
             backend.append(call);
-            append_params expected_call(expected_view, keys, values, offsets);
-            expected_call.positions = positions;
+            backend.synchronize();
+            append_params expected_call(expected_view, call.keys, call.values, call.new_token_offsets);
+            expected_call.positions = call.positions;
             reference_backend{}.append(expected_call);
             INFO(backend_name << " append, " << Factory::name << " " << type << ", " << c.name
                               << (explicit_positions ? ", explicit positions" : ""));
@@ -274,6 +305,8 @@ void check_append(const Backend& backend, const std::string& backend_name, const
 /// Factory of the private scatter layout.
 struct scatter_factory {
     static constexpr const char* name = "scatter";
+    template <class T>
+    using buffer = host_buffer<T>;
     template <class Element, class Heads>
     static std::unique_ptr<scatter_cache<Element, Heads>> make(const context_case& c, unsigned seed,
                                                                  const Heads& heads = Heads{}) {

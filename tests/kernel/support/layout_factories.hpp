@@ -27,6 +27,8 @@ Buffer<int> int_buffer(const std::vector<int>& values) {
 template <template <class> class Buffer = host_buffer>
 struct contiguous_factory_in {
     static constexpr const char* name = "contiguous";
+    template <class T>
+    using buffer = Buffer<T>;
     template <class Element, class Heads>
     struct owner {
         int sequences = 0, capacity = 0;
@@ -60,6 +62,8 @@ struct contiguous_factory_in {
 template <template <class> class Buffer = host_buffer>
 struct paged_factory_in {
     static constexpr const char* name = "paged";
+    template <class T>
+    using buffer = Buffer<T>;
     template <class Element, class Heads>
     struct owner {
         int sequences = 0, page_size = 1;
@@ -104,6 +108,8 @@ struct paged_factory_in {
 template <template <class> class Buffer = host_buffer>
 struct sliding_window_factory_in {
     static constexpr const char* name = "sliding_window";
+    template <class T>
+    using buffer = Buffer<T>;
     template <class Element, class Heads>
     struct owner {
         int sequences = 0, sinks = 0, ring = 1, window = 1;

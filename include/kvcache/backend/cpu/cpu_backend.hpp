@@ -63,6 +63,10 @@ public:
                            p.merged_lse.empty() ? nullptr : p.merged_lse.data());
     }
 
+    /// Waits for the calls made so far: nothing to wait for, each call's
+    /// work is done when it returns (cuda_backend's is not).
+    void synchronize() const noexcept {}
+
     /// Threads the backend runs on (the library's pool).
     int threads() const { return cpu::detail::thread_pool::instance().threads(); }
 };

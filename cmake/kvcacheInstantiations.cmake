@@ -12,7 +12,7 @@
 # defining kvcache::compiled::<target> (a type_list for kvcache::dispatch).
 #
 # Lists shipped with kvcache:
-#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (24 TUs);
+#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (30 TUs);
 #                                      equals kvcache::test_configurations
 #   KVCACHE_CUDA_PRESET_CONFIGURATIONS every layout and type for the model
 #                                      presets (24 TUs); equals kvcache::preset_configurations
@@ -37,7 +37,7 @@ function(_kvcache_product out heads_list)
     set(${out} "${result}" PARENT_SCOPE)
 endfunction()
 
-_kvcache_product(KVCACHE_CUDA_TEST_CONFIGURATIONS "4:4:32;8:2:64;4:1:32;5:1:56")
+_kvcache_product(KVCACHE_CUDA_TEST_CONFIGURATIONS "4:4:32;8:2:64;4:1:32;5:1:56;dynamic:dynamic:32")
 _kvcache_product(KVCACHE_CUDA_PRESET_CONFIGURATIONS "32:8:128;32:32:128;28:4:128;8:2:64")
 
 function(kvcache_add_cuda_instantiations target)

@@ -89,8 +89,16 @@ void check_compiled(type_list<Configurations...>) {
     const auto one = [](auto configuration) {
         using c = decltype(configuration);
         using factory = typename factory_for<typename c::layout>::type;
-        check_attention<factory, typename c::element, typename c::heads>(cuda_backend{}, "cuda");
-        check_append<factory, typename c::element, typename c::heads>(cuda_backend{}, "cuda");
+        using heads = typename c::heads;
+        if constexpr (heads::static_counts) {
+            check_attention<factory, typename c::element, heads>(cuda_backend{}, "cuda");
+            check_append<factory, typename c::element, heads>(cuda_backend{}, "cuda");
+        } else {  // the generic kernels: a GQA group, one over decode_dynamic_rows (several blocks), MHA
+            for (const heads counts : {heads(6, 2), heads(9, 1), heads(3, 3)}) {
+                check_attention<factory, typename c::element, heads>(cuda_backend{}, "cuda", counts);
+                check_append<factory, typename c::element, heads>(cuda_backend{}, "cuda", counts);
+            }
+        }
     };
     (one(Configurations{}), ...);
 }

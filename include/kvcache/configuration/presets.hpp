@@ -102,10 +102,11 @@ using dynamic_configurations = configuration_product_t<all_layouts, all_elements
 using default_configurations = concat_t<preset_configurations, dynamic_configurations>;
 
 /// The small list kvcache's own tests compile for the GPU: MHA, GQA group 4
-/// (the test model), MQA, and group 5 with head dim 56, in every layout and type.
+/// (the test model), MQA, group 5 with head dim 56, and dynamic counts of head
+/// dim 32 (the generic kernels), in every layout and type.
 using test_configurations =
     configuration_product_t<all_layouts, all_elements,
                             type_list<head_config<4, 4, 32>, presets::test_model::heads, head_config<4, 1, 32>,
-                                      head_config<5, 1, 56>>>;
+                                      head_config<5, 1, 56>, dynamic_heads<32>>>;
 
 }  // namespace kvcache

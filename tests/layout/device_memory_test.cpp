@@ -65,3 +65,34 @@ TEST_CASE("device-memory owners build, and round-trip rows where a GPU exists") 
     round_trip(kvcache::sliding_window_cache<float, heads, kvcache::device_memory>(2, 4, 3, 1, 2),
                kvcache::sliding_window_cache<float, heads>(2, 4, 3, 1, 2));
 }
+
+TEST_CASE("a device cache's host tier (page-locked) swaps a sequence out and back on a stream") {
+    if (!have_gpu()) {
+        MESSAGE("no GPU: the host tier over device memory was compiled, not run");
+        CHECK(!have_gpu());
+        return;
+    }
+    kvcache::paged_cache<float, heads, kvcache::device_memory> device(2, 8, 4);
+    kvcache::paged_cache<float, heads> host(2, 8, 4);
+    device.attach_host_tier(4);
+    const auto d = device.add_sequence();
+    const auto h = host.add_sequence();
+    test_support::append_all_layers(device, d, 7, 3);
+    test_support::append_all_layers(host, h, 7, 3);
+    cudaStream_t stream = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    device.swap_out(d, stream);
+    std::ostringstream swapped, expected;
+    device.save(swapped);  // reads the tier, after waiting for the swap's copies
+    host.save(expected);
+    CHECK(swapped.str() == expected.str());
+    const auto other = device.add_sequence();  // takes the freed pages
+    test_support::append_all_layers(device, other, 8, 5);
+    device.swap_in(d, stream);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    device.remove_sequence(other);
+    std::ostringstream back;
+    device.save(back);
+    CHECK(back.str() == expected.str());
+    cudaStreamDestroy(stream);
+}

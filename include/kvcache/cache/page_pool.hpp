@@ -29,6 +29,14 @@ struct pool_statistics {
     std::size_t bytes_reserved = 0;          ///< bytes of every page of every layer
     std::size_t bytes_used = 0;              ///< bytes of referenced pages
     std::size_t bytes_cached = 0;            ///< bytes of evictable cached pages
+    int host_pages_total = 0;                ///< pages of the host tier (0: none)
+    int host_pages_used = 0;                 ///< host-tier pages holding swapped rows
+    int sequences_swapped_out = 0;           ///< sequences whose rows are in the host tier
+    std::uint64_t pages_swapped_out = 0;     ///< pages copied pool -> host tier
+    std::uint64_t pages_swapped_in = 0;      ///< pages copied host tier -> pool
+    std::uint64_t swap_copies_avoided = 0;   ///< page moves served by a copy the other tier still held
+    std::size_t bytes_swapped_out = 0;       ///< bytes of pages_swapped_out (every layer, keys and values)
+    std::size_t bytes_swapped_in = 0;        ///< bytes of pages_swapped_in
 
     /// Hit pages / queried pages (0 before any query).
     double hit_rate() const noexcept {

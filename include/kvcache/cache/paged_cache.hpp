@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "kvcache/cache/host_tier.hpp"
 #include "kvcache/cache/owner_base.hpp"
 #include "kvcache/cache/page_pool.hpp"
 #include "kvcache/cache/row_transfer.hpp"
@@ -84,6 +85,7 @@ public:
         state& s = sequences_.at(id);
         publish_pages(s, s.length);
         for (int page : s.pages) pool_.release(page);
+        for (int page : s.host_pages) tier_.release(page);
         sequences_.erase(id);
     }
 
@@ -150,7 +152,7 @@ public:
     /// Pass every prompt token but the last: that one must still run through
     /// the model for its logits, so a match never covers it.
     int match_prefix(sequence_id id, const std::vector<std::int32_t>& token_ids) {
-        state& s = sequences_.at(id);
+        state& s = resident(id, "match_prefix");
         require(s.length == 0, error_code::invalid_argument, "match_prefix needs an empty sequence; sequence ", id,
                 " has length ", s.length);
         const int full = static_cast<int>(token_ids.size()) / page_size_;
@@ -191,15 +193,17 @@ public:
         const Element* const keys = key_rows.data();
         const Element* const values = value_rows.data();
         this->check_layer(layer);
-        state& s = sequences_.at(id);
+        state& s = resident(id, "write");
         base::check_range(id, first, n, s.length);
         if (n == 0) return;
         const int first_page = first / page_size_, last_page = (first + n - 1) / page_size_;
         int copies = 0;
         for (int i = first_page; i <= last_page; ++i) copies += pool_.shared(s.pages[i]) ? 1 : 0;
         require_pages(copies, id);
-        for (int i = first_page; i <= last_page; ++i)
+        for (int i = first_page; i <= last_page; ++i) {
             if (pool_.shared(s.pages[i])) make_private(s, i);
+            tier_.unlink_primary(s.pages[i]);  // its rows change: a host copy no longer matches
+        }
         for_each_page_segment(s, first, n, [&](std::int64_t at, std::size_t src, std::int64_t head_stride, int count) {
             detail::scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride, keys + src, count, this->kv_heads());
             detail::scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride, values + src, count,
@@ -207,7 +211,8 @@ public:
         });
     }
 
-    /// Reads rows of positions [first, first + n) of one layer into host arrays.
+    /// Reads rows of positions [first, first + n) of one layer into host
+    /// arrays (from the host tier while the sequence is swapped out).
     void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");
         Element* const keys = key_rows.data();
@@ -215,6 +220,16 @@ public:
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
+        if (s.swapped) {  // from the host tier (save() of a preempted sequence works too)
+            Memory::synchronize();  // the swap's copies may still be in flight on its stream
+            const auto& tier = tier_;
+            for_each_page_segment(s.host_pages, first, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
+                detail::gather_rows<Element, Heads, host_memory>(keys + dst, tier.keys(layer, 0) + at, head_stride, count, this->kv_heads());
+                detail::gather_rows<Element, Heads, host_memory>(values + dst, tier.values(layer, 0) + at, head_stride, count,
+                                                                 this->kv_heads());
+            });
+            return;
+        }
         for_each_page_segment(s, first, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
             detail::gather_rows<Element, Heads, Memory>(keys + dst, keys_[layer].data() + at, head_stride, count, this->kv_heads());
             detail::gather_rows<Element, Heads, Memory>(values + dst, values_[layer].data() + at, head_stride, count,
@@ -225,7 +240,7 @@ public:
     /// Shortens the sequence, releasing pages past the new end; out_of_range
     /// when new_length is past the end.
     void truncate(sequence_id id, int new_length) {
-        state& s = sequences_.at(id);
+        state& s = resident(id, "truncate");
         base::check_truncate(id, new_length, s.length);
         const std::size_t keep = pages_for(new_length);
         for (std::size_t i = keep; i < s.pages.size(); ++i) pool_.release(s.pages[i]);
@@ -240,7 +255,106 @@ public:
     sequence_id fork(sequence_id id) {
         state child = sequences_.at(id);
         for (int page : child.pages) pool_.retain(page);
+        for (int page : child.host_pages) tier_.retain(page);  // a swapped sequence forks in the host tier
         return sequences_.insert(std::move(child));
+    }
+
+    /// Gives the cache a host tier of `pages` pages of the pool's page shape
+    /// (page-locked host memory for a device cache; 0 removes the tier).
+    /// invalid_argument while a sequence is swapped out, out_of_memory when
+    /// the allocation fails; either way the old tier stays.
+    void attach_host_tier(int pages) {
+        require(pages >= 0, error_code::invalid_argument, "host tier pages = ", pages, " must not be negative");
+        for (const auto& entry : sequences_)
+            require(!entry.second.swapped, error_code::invalid_argument, "cannot replace the host tier while sequence ",
+                    entry.first, " is swapped out to it");
+        tier_ = detail::host_tier<Element, Memory>(layers_, pages, page_elements(), pool_.size());
+    }
+    /// Pages of the host tier (0: none).
+    int host_tier_pages() const noexcept { return tier_.size(); }
+    /// True while the sequence's rows are in the host tier.
+    bool swapped_out(sequence_id id) const { return sequences_.at(id).swapped; }
+
+    /// Moves a sequence's pages to the host tier and releases them in the
+    /// pool (preemption under memory pressure). Its full pages are published
+    /// to the prefix cache first, so they may still serve matches while they
+    /// stay cached. A page already in the tier for another swapped sequence
+    /// (a fork, a prefix hit) is not copied again but shared there; a page
+    /// whose unchanged copy is still in the tier from an earlier swap is not
+    /// copied either. Until swap_in(), attending to, writing, appending to or
+    /// truncating the sequence is refused; read() and save() read the tier. Copies are ordered on stream
+    /// (device caches: asynchronous into page-locked memory; later work that
+    /// reuses the released pages must be on the same stream).
+    /// invalid_argument without a tier or when already swapped;
+    /// capacity_exceeded, with nothing changed, when the tier is short.
+    void swap_out(sequence_id id, typename Memory::stream_type stream = {}) {
+        state& s = resident(id, "swap out");
+        require(tier_.size() > 0, error_code::invalid_argument, "cannot swap out sequence ", id,
+                ": the cache has no host tier (attach_host_tier(pages) first)");
+        int needed = 0;
+        for (int page : s.pages) needed += tier_.host_twin(page) < 0 ? 1 : 0;
+        require(needed <= tier_.free_count(), error_code::capacity_exceeded, "swapping out sequence ", id, " needs ",
+                needed, " host-tier pages; ", tier_.free_count(), " of ", tier_.size(), " are free");
+        publish_pages(s, s.length);
+        std::vector<int> host_pages;
+        host_pages.reserve(s.pages.size());
+        for (int page : s.pages) {
+            int host = tier_.host_twin(page);
+            if (host >= 0) {
+                tier_.retain(host);
+                ++swap_copies_avoided_;
+            } else {
+                host = tier_.allocate();
+                copy_page_to_host(page, host, stream);
+                tier_.link(page, host);
+                ++swapped_out_pages_;
+            }
+            host_pages.push_back(host);
+        }
+        for (int page : s.pages) pool_.release(page);
+        s.pages.clear();
+        s.host_pages = std::move(host_pages);
+        s.swapped = true;
+    }
+
+    /// Brings a swapped-out sequence back into the pool (to any pages; its
+    /// page table is rewritten). A host page shared by several swapped
+    /// sequences comes back as one shared page, and one whose pool copy is
+    /// still held (by a fork, or the prefix cache) is not copied. Copies are
+    /// ordered on stream. invalid_argument when the sequence is not swapped
+    /// out; capacity_exceeded, with nothing changed, when the pool is short
+    /// even after evicting cached pages.
+    void swap_in(sequence_id id, typename Memory::stream_type stream = {}) {
+        state& s = sequences_.at(id);
+        require(s.swapped, error_code::invalid_argument, "cannot swap in sequence ", id, ": it is not swapped out");
+        int needed = 0, kept_evictable = 0;
+        for (int host : s.host_pages) {
+            const int twin = live_primary_twin(host);
+            if (twin < 0) ++needed;
+            else if (pool_.references(twin) == 0) ++kept_evictable;  // reusing it takes it off the evictable list
+        }
+        require(needed <= pool_.available() - kept_evictable, error_code::capacity_exceeded, "swapping in sequence ",
+                id, " needs ", needed, " pages; the pool of ", pool_.size(), " has ", pool_.free_count(),
+                " free and ", pool_.evictable_count() - kept_evictable, " evictable");
+        std::vector<int> pages(s.host_pages.size(), -1);
+        for (std::size_t i = 0; i < pages.size(); ++i) {  // the twins first, so no allocation evicts one
+            const int twin = live_primary_twin(s.host_pages[i]);
+            if (twin < 0) continue;
+            pool_.retain(twin);
+            pages[i] = twin;
+            ++swap_copies_avoided_;
+        }
+        for (std::size_t i = 0; i < pages.size(); ++i) {
+            if (pages[i] >= 0) continue;
+            pages[i] = allocate_page();
+            copy_page_from_host(s.host_pages[i], pages[i], stream);
+            tier_.link(pages[i], s.host_pages[i]);
+            ++swapped_in_pages_;
+        }
+        for (int host : s.host_pages) tier_.release(host);
+        s.host_pages.clear();
+        s.pages = std::move(pages);
+        s.swapped = false;
     }
 
     /// Positions a kernel may read: all of [0, length).
@@ -264,7 +378,7 @@ public:
         const std::size_t n = batch.size();
         std::vector<int> table(2 * n + 1);
         for (std::size_t i = 0; i < n; ++i) {
-            const state& s = sequences_.at(batch[i]);
+            const state& s = resident(batch[i], "attend to");
             table[i] = s.length;
             table[n + 1 + i] = table[n + i] + static_cast<int>(s.pages.size());
             table.insert(table.end(), s.pages.begin(), s.pages.end());
@@ -296,6 +410,14 @@ public:
         st.bytes_reserved = page_bytes * st.pages_total;
         st.bytes_used = page_bytes * st.pages_used;
         st.bytes_cached = page_bytes * st.pages_evictable;
+        st.host_pages_total = tier_.size();
+        st.host_pages_used = tier_.used();
+        for (const auto& entry : sequences_) st.sequences_swapped_out += entry.second.swapped ? 1 : 0;
+        st.pages_swapped_out = swapped_out_pages_;
+        st.pages_swapped_in = swapped_in_pages_;
+        st.swap_copies_avoided = swap_copies_avoided_;
+        st.bytes_swapped_out = page_bytes * swapped_out_pages_;
+        st.bytes_swapped_in = page_bytes * swapped_in_pages_;
         return st;
     }
     std::size_t bytes_reserved() const { return statistics().bytes_reserved; }
@@ -307,7 +429,52 @@ private:
         std::vector<int> pages;
         std::vector<std::int32_t> tokens;  // token ids of positions [0, tokens.size()); later ones unknown
         std::vector<std::uint64_t> hashes; // chained hash of each full page with known tokens
+        bool swapped = false;              // the rows are in the host tier (host_pages), pages is empty
+        std::vector<int> host_pages;       // host-tier page ids in position order while swapped
     };
+
+    /// The sequence's state; invalid_argument, naming what was asked, while it is swapped out.
+    state& resident(sequence_id id, const char* what) {
+        return const_cast<state&>(static_cast<const paged_cache&>(*this).resident(id, what));
+    }
+    const state& resident(sequence_id id, const char* what) const {
+        const state& s = sequences_.at(id);
+        require(!s.swapped, error_code::invalid_argument, "cannot ", what, " sequence ", id,
+                ": it is swapped out to the host tier (swap_in(", id, ") first)");
+        return s;
+    }
+
+    /// A page for new rows: any host-tier link of its previous contents is broken.
+    int allocate_page() {
+        const int page = pool_.allocate();
+        tier_.unlink_primary(page);
+        return page;
+    }
+
+    /// The primary page still holding host page h's rows, or -1: a linked page
+    /// someone references or the prefix cache keeps (a freed one may be reused).
+    int live_primary_twin(int h) const {
+        const int p = tier_.primary_twin(h);
+        return p >= 0 && (pool_.references(p) > 0 || pool_.cached(p)) ? p : -1;
+    }
+
+    /// Copies one page between the tiers in every layer, ordered on stream.
+    void copy_page_to_host(int primary, int host, typename Memory::stream_type stream) {
+        const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
+        for (int l = 0; l < layers_; ++l) {
+            Memory::copy_to_host_async(tier_.keys(l, host), keys_[l].data() + primary * page_elements(), bytes, stream);
+            Memory::copy_to_host_async(tier_.values(l, host), values_[l].data() + primary * page_elements(), bytes,
+                                       stream);
+        }
+    }
+    void copy_page_from_host(int host, int primary, typename Memory::stream_type stream) {
+        const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
+        for (int l = 0; l < layers_; ++l) {
+            Memory::copy_from_host_async(keys_[l].data() + primary * page_elements(), tier_.keys(l, host), bytes, stream);
+            Memory::copy_from_host_async(values_[l].data() + primary * page_elements(), tier_.values(l, host), bytes,
+                                         stream);
+        }
+    }
 
     std::size_t pages_for(int length) const { return (std::size_t(length) + page_size_ - 1) / page_size_; }
 
@@ -316,11 +483,16 @@ private:
     /// layer's pool, host_offset the matching element of a [token][kv_head][head_dim] array.
     template <class F>
     void for_each_page_segment(const state& s, int first, int n, F&& f) const {
+        for_each_page_segment(s.pages, first, n, f);
+    }
+    /// The same over a list of page ids (a swapped sequence's host pages).
+    template <class F>
+    void for_each_page_segment(const std::vector<int>& pages, int first, int n, F&& f) const {
         const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
         for (int done = 0; done < n;) {
             const int p = first + done, row = p % page_size_;
             const int count = std::min(page_size_ - row, n - done);
-            const std::int64_t at = s.pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
+            const std::int64_t at = pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
             f(at, std::size_t(done) * this->token_row(), head_stride, count);
             done += count;
         }
@@ -342,7 +514,7 @@ private:
     int append_positions(sequence_id id, int n, const std::int32_t* tokens, int token_count,
                          std::optional<typename Memory::stream_type> stream = std::nullopt) {
         detail::require_count(n, "n_tokens");
-        state& s = sequences_.at(id);
+        state& s = resident(id, "append to");
         require(n <= 0x7fffffff - s.length, error_code::capacity_exceeded, "length ", s.length, " + ", n,
                 " overflows int");
         const int old = s.length;
@@ -351,7 +523,8 @@ private:
         require_pages(needed + (copy_last ? 1 : 0), id);
         publish_pages(s, old);  // rows below the old length were written in earlier steps
         if (copy_last) make_private(s, static_cast<int>(s.pages.size()) - 1, stream);
-        for (int i = 0; i < needed; ++i) s.pages.push_back(pool_.allocate());
+        if (n > 0 && old % page_size_ != 0) tier_.unlink_primary(s.pages.back());  // new rows land in it
+        for (int i = 0; i < needed; ++i) s.pages.push_back(allocate_page());
         if (static_cast<int>(s.tokens.size()) == old) s.tokens.insert(s.tokens.end(), tokens, tokens + token_count);
         s.length = old + n;
         return old;
@@ -359,6 +532,7 @@ private:
 
     /// Indexes full pages below `written` whose token ids are known.
     void publish_pages(state& s, int written) {
+        if (s.swapped) return;  // published when it was swapped out
         const int full = std::min<int>(written, static_cast<int>(s.tokens.size())) / page_size_;
         for (int i = static_cast<int>(s.hashes.size()); i < full; ++i) {
             const std::uint64_t parent = i ? s.hashes[i - 1] : detail::root_hash;
@@ -373,7 +547,7 @@ private:
     /// stream when one is given.
     void make_private(state& s, int i, std::optional<typename Memory::stream_type> stream = std::nullopt) {
         const int old = s.pages[i];
-        const int fresh = pool_.allocate();
+        const int fresh = allocate_page();
         const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
         const auto copy = [&](Element* plane) {
             if (stream)
@@ -433,6 +607,8 @@ private:
     detail::page_pool pool_;
     detail::sequence_registry<state> sequences_;
     detail::index_table<Memory> table_;
+    detail::host_tier<Element, Memory> tier_;
+    std::uint64_t swapped_out_pages_ = 0, swapped_in_pages_ = 0, swap_copies_avoided_ = 0;
     std::uint64_t queried_ = 0, hits_ = 0, copies_ = 0;
 };
 

@@ -74,6 +74,59 @@ private:
     std::size_t count_ = 0;
 };
 
+/// Owning, move-only array in page-locked host memory (cudaMallocHost),
+/// zero-initialised: what copies between the device and the host need to be
+/// asynchronous.
+/// @tparam T a trivially copyable element type
+template <class T>
+class pinned_host_buffer {
+    static_assert(std::is_trivially_copyable_v<T>, "kvcache::pinned_host_buffer holds trivially copyable elements only");
+
+public:
+    pinned_host_buffer() noexcept = default;
+
+    /// Allocates count zeroed elements with cudaMallocHost; throws error_code::out_of_memory naming the size.
+    explicit pinned_host_buffer(std::size_t count) : count_(count) {
+        if (count == 0) return;
+        const std::size_t bytes = detail::checked_bytes(count, sizeof(T));
+        void* memory = nullptr;
+        const cudaError_t status = cudaMallocHost(&memory, bytes);
+        if (status != cudaSuccess) {
+            (void)cudaGetLastError();
+            throw_error(error_code::out_of_memory, "page-locked host allocation of ", bytes, " bytes (", count,
+                        " elements) failed: ", cudaGetErrorString(status));
+        }
+        std::memset(memory, 0, bytes);
+        data_ = static_cast<T*>(memory);
+    }
+
+    pinned_host_buffer(pinned_host_buffer&& other) noexcept
+        : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)) {}
+    pinned_host_buffer& operator=(pinned_host_buffer&& other) noexcept {
+        if (this != &other) {
+            if (data_) cudaFreeHost(data_);
+            data_ = std::exchange(other.data_, nullptr);
+            count_ = std::exchange(other.count_, 0);
+        }
+        return *this;
+    }
+    pinned_host_buffer(const pinned_host_buffer&) = delete;
+    pinned_host_buffer& operator=(const pinned_host_buffer&) = delete;
+    ~pinned_host_buffer() {
+        if (data_) cudaFreeHost(data_);
+    }
+
+    T* data() noexcept { return data_; }
+    const T* data() const noexcept { return data_; }
+    std::size_t size() const noexcept { return count_; }
+    T& operator[](std::size_t i) noexcept { return data_[i]; }
+    const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+
+private:
+    T* data_ = nullptr;
+    std::size_t count_ = 0;
+};
+
 /// Memory-space policy for device memory (see host_memory).
 struct device_memory {
     static constexpr memory_space space = memory_space::device;
@@ -83,6 +136,10 @@ struct device_memory {
     /// @tparam T element type
     template <class T>
     using buffer = device_buffer<T>;
+    /// Page-locked, so the tier's copies are asynchronous on the caller's stream.
+    /// @tparam T element type
+    template <class T>
+    using host_tier_buffer = pinned_host_buffer<T>;
 
     static void copy_from_host(void* destination, const void* source, std::size_t bytes) {
         if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyHostToDevice));
@@ -95,9 +152,16 @@ struct device_memory {
     static void copy_to_host(void* destination, const void* source, std::size_t bytes) {
         if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyDeviceToHost));
     }
+    /// Ordered on the stream; asynchronous when the destination is page-locked.
+    static void copy_to_host_async(void* destination, const void* source, std::size_t bytes, stream_type stream) {
+        if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToHost, stream));
+    }
     static void copy_within(void* destination, const void* source, std::size_t bytes) {
         if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyDeviceToDevice));
     }
+    /// Waits for every copy issued on any stream: what a host read of the
+    /// host tier does, since the swap that filled it may still be in flight.
+    static void synchronize() { KVCACHE_CUDA_CHECK(cudaDeviceSynchronize()); }
     /// copy_within ordered on the stream: what a plan's copy on write uses,
     /// so a step's copies, uploads and kernels all run on the caller's stream.
     static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type stream) {

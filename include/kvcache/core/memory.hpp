@@ -102,6 +102,10 @@ struct host_memory {
     /// @tparam T element type
     template <class T>
     using buffer = host_buffer<T>;
+    /// Host memory a second tier keeps pages in (see paged_cache::attach_host_tier).
+    /// @tparam T element type
+    template <class T>
+    using host_tier_buffer = host_buffer<T>;
 
     /// Copies bytes from host memory into this space.
     static void copy_from_host(void* destination, const void* source, std::size_t bytes) {
@@ -115,10 +119,16 @@ struct host_memory {
     static void copy_to_host(void* destination, const void* source, std::size_t bytes) {
         if (bytes) std::memcpy(destination, source, bytes);
     }
+    /// copy_to_host ordered on a stream (for host memory: done on return).
+    static void copy_to_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
+        copy_to_host(destination, source, bytes);
+    }
     /// Copies bytes within this space.
     static void copy_within(void* destination, const void* source, std::size_t bytes) {
         if (bytes) std::memmove(destination, source, bytes);
     }
+    /// Waits for every copy issued on any stream (for host memory: nothing to wait for).
+    static void synchronize() noexcept {}
     /// copy_within ordered on a stream (for host memory: done on return).
     static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type) {
         copy_within(destination, source, bytes);

@@ -1,0 +1,103 @@
+// The host tier behind a paged cache: pages of the primary pool's shape in
+// host memory (page-locked when the primary pool is in device memory), with
+// reference counts, so a page that several swapped sequences share is held
+// once, and twin links: while a page's copy in the other tier is known to be
+// unchanged, swapping it back reuses that copy instead of moving the bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvcache/cache/page_pool.hpp"
+#include "kvcache/core/error.hpp"
+#include "kvcache/core/memory.hpp"
+
+namespace kvcache {
+namespace detail {
+
+/// Pages of `layers` key and value planes in host memory, and the links
+/// between each host page and the primary page it was copied from or to.
+/// A link says both pages hold the same rows; the owner breaks it when the
+/// primary page is written or handed out again, and the tier breaks it when
+/// the host page is freed.
+/// @tparam Element stored element type
+/// @tparam Memory the primary pool's memory policy (its host_tier_buffer)
+template <class Element, class Memory>
+class host_tier {
+    using buffer = typename Memory::template host_tier_buffer<Element>;
+
+public:
+    host_tier() = default;
+
+    /// pages host pages of page_elements elements per plane in each of layers
+    /// layers, linkable to primary pages 0..primary_pages-1.
+    host_tier(int layers, int pages, std::int64_t page_elements, int primary_pages)
+        : page_elements_(page_elements), pool_(pages), host_of_primary_(primary_pages, -1), primary_of_host_(pages, -1) {
+        const std::size_t elements = checked_bytes(std::size_t(pages), std::size_t(page_elements));
+        for (int l = 0; l < layers; ++l) {
+            keys_.emplace_back(elements);
+            values_.emplace_back(elements);
+        }
+    }
+
+    /// Host pages in the tier (0: no tier).
+    int size() const noexcept { return pool_.size(); }
+    int free_count() const noexcept { return pool_.free_count(); }
+    int used() const noexcept { return size() - free_count(); }
+    int references(int page) const { return pool_.references(page); }
+
+    /// A free host page with one reference; the caller checked free_count().
+    int allocate() {
+        const int page = pool_.allocate();
+        unlink_host(page);
+        return page;
+    }
+    void retain(int page) { pool_.retain(page); }
+    /// Drops a reference; a page nobody references is freed and unlinked.
+    void release(int page) {
+        pool_.release(page);
+        if (pool_.references(page) == 0) unlink_host(page);
+    }
+
+    /// The host page linked to a primary page, or -1.
+    int host_twin(int primary) const { return host_of_primary_[primary]; }
+    /// The primary page linked to a host page, or -1 (the owner checks it is still held).
+    int primary_twin(int host) const { return primary_of_host_[host]; }
+    /// Records that the two pages hold the same rows (breaking their older links).
+    void link(int primary, int host) {
+        unlink_primary(primary);
+        unlink_host(host);
+        host_of_primary_[primary] = host;
+        primary_of_host_[host] = primary;
+    }
+    /// Forgets the primary page's link: its rows are about to change, or it was reused.
+    void unlink_primary(int primary) {
+        if (primary < 0 || primary >= int(host_of_primary_.size())) return;
+        const int host = host_of_primary_[primary];
+        if (host >= 0) primary_of_host_[host] = -1;
+        host_of_primary_[primary] = -1;
+    }
+
+    /// Key plane of a host page in one layer.
+    Element* keys(int layer, int page) { return keys_[layer].data() + page * page_elements_; }
+    const Element* keys(int layer, int page) const { return keys_[layer].data() + page * page_elements_; }
+    /// Value plane of a host page in one layer.
+    Element* values(int layer, int page) { return values_[layer].data() + page * page_elements_; }
+    const Element* values(int layer, int page) const { return values_[layer].data() + page * page_elements_; }
+
+private:
+    void unlink_host(int host) {
+        const int primary = primary_of_host_[host];
+        if (primary >= 0) host_of_primary_[primary] = -1;
+        primary_of_host_[host] = -1;
+    }
+
+    std::int64_t page_elements_ = 0;
+    page_pool pool_;  // reference counts and the free list; no prefix index
+    std::vector<buffer> keys_, values_;
+    std::vector<int> host_of_primary_, primary_of_host_;
+};
+
+}  // namespace detail
+}  // namespace kvcache

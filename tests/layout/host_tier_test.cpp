@@ -1,0 +1,348 @@
+// The paged cache's host tier: swap_out/swap_in move a sequence's pages to
+// host memory and back; shared pages are held once in either tier; refused
+// operations change nothing; and a randomised run of every operation against
+// a model of what each sequence holds.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cache_test_support.hpp"
+#include "kvcache/backend/reference.hpp"
+#include "kvcache/cache/paged_cache.hpp"
+
+namespace {
+
+using heads = kvcache::head_config<2, 1, 8>;
+using cache_type = kvcache::paged_cache<float, heads>;
+constexpr int page = 4, layers = 2;
+constexpr int row = heads::kv_heads() * heads::head_dim;
+
+/// The row a token gets: a function of (token, position, layer) only, so equal
+/// token prefixes hold equal rows (what the prefix cache relies on).
+float value_of(std::int32_t token, int position, int layer, int i, bool is_value) {
+    return static_cast<float>((token * 131 + position * 17 + layer * 7 + i * 3 + (is_value ? 5 : 0)) % 251) / 8.0f;
+}
+
+std::vector<float> rows_of(const std::vector<std::int32_t>& tokens, int first, int layer, bool is_value) {
+    std::vector<float> out;
+    for (std::size_t t = 0; t < tokens.size(); ++t)
+        for (int i = 0; i < row; ++i) out.push_back(value_of(tokens[t], first + int(t), layer, i, is_value));
+    return out;
+}
+
+/// Appends tokens to every layer (layer 0 reserves, with the token ids for the prefix cache).
+void append_tokens(cache_type& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+    const int first = cache.begin_append(id, static_cast<int>(tokens.size()), tokens);
+    for (int l = 0; l < layers; ++l) {
+        const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
+        cache.write(id, l, first, keys, values, static_cast<int>(tokens.size()));
+    }
+}
+
+/// Every row of every layer of a sequence equals what its tokens give.
+void check_rows(const cache_type& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+    REQUIRE(cache.length(id) == static_cast<int>(tokens.size()));
+    const int n = cache.length(id);
+    for (int l = 0; l < layers; ++l) {
+        std::vector<float> keys(std::size_t(n) * row), values(keys.size());
+        cache.read(id, l, 0, n, keys, values);
+        INFO("sequence " << id << ", layer " << l);
+        CHECK(keys == rows_of(tokens, 0, l, false));
+        CHECK(values == rows_of(tokens, 0, l, true));
+    }
+}
+
+std::vector<std::int32_t> tokens_from(int first, int n) {
+    std::vector<std::int32_t> out(n);
+    for (int i = 0; i < n; ++i) out[i] = first + i;
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("swap_out frees the pool, refuses attention, and swap_in restores every row") {
+    cache_type cache(layers, 8, page);
+    cache.attach_host_tier(6);
+    const auto a = cache.add_sequence(), b = cache.add_sequence();
+    const auto ta = tokens_from(10, 10), tb = tokens_from(50, 7);
+    append_tokens(cache, a, ta);
+    append_tokens(cache, b, tb);
+    const int used = cache.statistics().pages_used;
+    cache.swap_out(a);
+    CHECK(cache.swapped_out(a));
+    const auto out = cache.statistics();
+    CHECK(out.pages_used == used - 3);
+    CHECK(out.host_pages_used == 3);
+    CHECK(out.pages_swapped_out == 3);
+    CHECK(out.bytes_swapped_out == std::size_t(3) * layers * 2 * page * row * sizeof(float));
+    CHECK(out.sequences_swapped_out == 1);
+    // The swapped sequence cannot be attended to, written or extended; the message says what to do.
+    CHECK_THROWS_WITH_AS(cache.view(0, {b, a}),
+                         doctest::Contains("cannot attend to sequence 0: it is swapped out to the host tier (swap_in(0) first)"),
+                         kvcache::error);
+    CHECK_THROWS_AS((void)cache.plan({a}, {1}), kvcache::error);
+    CHECK_THROWS_AS(cache.begin_append(a, 1), kvcache::error);
+    CHECK_THROWS_AS(cache.truncate(a, 2), kvcache::error);
+    CHECK_THROWS_AS(cache.swap_out(a), kvcache::error);
+    CHECK_THROWS_WITH_AS(cache.swap_in(b), doctest::Contains("cannot swap in sequence 1: it is not swapped out"), kvcache::error);
+    CHECK(cache.length(a) == 10);
+    check_rows(cache, a, ta);  // read() serves a swapped sequence from the tier
+    check_rows(cache, b, tb);
+    // Another sequence takes the freed pages; a comes back to other pages.
+    const auto c = cache.add_sequence();
+    const auto tc = tokens_from(90, 12);
+    append_tokens(cache, c, tc);
+    cache.swap_in(a);
+    CHECK(!cache.swapped_out(a));
+    CHECK(cache.statistics().host_pages_used == 0);
+    check_rows(cache, a, ta);
+    check_rows(cache, c, tc);
+    const auto view = cache.view(0, {a});
+    CHECK(view.key(0, 0, 9) == view.keys + std::int64_t(cache.pages(a)[2]) * cache.page_elements() + 1 * 8);
+    append_tokens(cache, a, tokens_from(200, 2));  // it grows again after coming back
+    auto extended = ta;
+    for (auto t : tokens_from(200, 2)) extended.push_back(t);
+    check_rows(cache, a, extended);
+}
+
+TEST_CASE("pages shared by forks are held once in the host tier and come back shared") {
+    cache_type cache(layers, 8, page, false);
+    cache.attach_host_tier(8);
+    const auto parent = cache.add_sequence();
+    const auto tokens = tokens_from(1, 3 * page);
+    append_tokens(cache, parent, tokens);
+    const auto child = cache.fork(parent);
+    cache.swap_out(parent);
+    CHECK(cache.statistics().pages_used == 3);  // the child still holds them
+    cache.swap_out(child);
+    auto st = cache.statistics();
+    CHECK(st.host_pages_used == 3);
+    CHECK(st.pages_swapped_out == 3);  // the child's pages were the parent's copies
+    CHECK(st.swap_copies_avoided == 3);
+    CHECK(st.pages_used == 0);
+    cache.swap_in(child);
+    cache.swap_in(parent);
+    st = cache.statistics();
+    CHECK(st.pages_used == 3);
+    CHECK(st.pages_swapped_in == 3);
+    CHECK(st.host_pages_used == 0);
+    for (int i = 0; i < 3; ++i) {
+        CHECK(cache.pages(parent)[i] == cache.pages(child)[i]);
+        CHECK(cache.page_references(cache.pages(parent)[i]) == 2);
+    }
+    // A write after coming back still copies on write: the two stay independent.
+    append_tokens(cache, child, tokens_from(300, 1));
+    check_rows(cache, parent, tokens);
+    // A swapped sequence forks in the tier.
+    cache.swap_out(parent);
+    const auto grandchild = cache.fork(parent);
+    CHECK(cache.swapped_out(grandchild));
+    CHECK(cache.statistics().host_pages_used == 3);
+    cache.swap_in(grandchild);
+    check_rows(cache, grandchild, tokens);
+    cache.remove_sequence(parent);  // removing a swapped sequence gives its host pages back
+    CHECK(cache.statistics().host_pages_used == 0);
+}
+
+TEST_CASE("a page still cached in the pool comes back without a copy; one written since does not") {
+    cache_type cache(layers, 8, page, false);
+    cache.attach_host_tier(4);
+    const auto a = cache.add_sequence();
+    const auto ta = tokens_from(7, 6);  // one full page and a half-full one
+    append_tokens(cache, a, ta);
+    const auto twin = cache.fork(a);  // holds a's pages while a is out
+    cache.swap_out(a);
+    cache.swap_in(a);
+    auto st = cache.statistics();
+    CHECK(st.pages_swapped_in == 0);
+    CHECK(st.swap_copies_avoided == 2);
+    // The fork writes into the shared half page (copy on write: a's stays), then a goes out and back.
+    cache.truncate(twin, 5);
+    append_tokens(cache, twin, tokens_from(400, 1));
+    cache.swap_out(a);
+    cache.remove_sequence(twin);
+    cache.swap_in(a);
+    check_rows(cache, a, ta);
+    // a writes into its own half page after a swap round trip (a kernel's write, which the
+    // owner sees only as the plan's reservation): the tier's copy is stale and must not be
+    // reused when a goes out again.
+    cache.swap_out(a);
+    const auto other = cache.fork(a);  // keeps the host pages alive
+    cache.swap_in(a);
+    cache.truncate(a, 5);
+    const auto ta2 = [&] {
+        auto t = std::vector<std::int32_t>(ta.begin(), ta.begin() + 5);
+        t.push_back(999);
+        return t;
+    }();
+    {  // the new token's rows come through a plan and the append kernel, as in a decode step
+        const auto plan = cache.plan({a}, {1});
+        const std::vector<int> offsets = {0, 1};
+        for (int l = 0; l < layers; ++l) {
+            const auto keys = rows_of({999}, 5, l, false), values = rows_of({999}, 5, l, true);
+            kvcache::reference_backend{}.append(kvcache::append_params(plan.view(l), keys, values, offsets));
+        }
+    }
+    cache.swap_out(a);
+    cache.swap_in(a);
+    check_rows(cache, a, ta2);
+    cache.swap_in(other);
+    check_rows(cache, other, ta);
+}
+
+TEST_CASE("a tier or a pool too small refuses with nothing changed") {
+    cache_type cache(layers, 6, page);
+    const auto a = cache.add_sequence();
+    append_tokens(cache, a, tokens_from(3, 9));  // 3 pages
+    CHECK_THROWS_WITH_AS(cache.swap_out(a),
+                         doctest::Contains("cannot swap out sequence 0: the cache has no host tier (attach_host_tier(pages) first)"),
+                         kvcache::error);
+    cache.attach_host_tier(2);
+    const std::string before = test_support::snapshot(cache);
+    CHECK_THROWS_WITH_AS(cache.swap_out(a), doctest::Contains("swapping out sequence 0 needs 3 host-tier pages; 2 of 2 are free"),
+                         kvcache::error);
+    CHECK(test_support::snapshot(cache) == before);
+    CHECK(!cache.swapped_out(a));
+    cache.attach_host_tier(3);
+    cache.swap_out(a);
+    CHECK_THROWS_AS(cache.attach_host_tier(8), kvcache::error);  // a is in the tier
+    const auto b = cache.add_sequence();
+    // b takes the 4 free pages; a's two full pages stay cached in the pool (published when it
+    // went out), so coming back needs only its third page copied, and none is left.
+    append_tokens(cache, b, tokens_from(70, 4 * page));
+    const std::string swapped = test_support::snapshot(cache);
+    try {
+        cache.swap_in(a);
+        FAIL("swap_in should not fit");
+    } catch (const kvcache::error& e) {
+        CHECK(e.code() == kvcache::error_code::capacity_exceeded);
+        INFO(std::string(e.what()));
+        CHECK(std::string(e.what()).find("swapping in sequence 0 needs 1 pages; the pool of 6 has 0 free and 0 evictable") !=
+              std::string::npos);
+    }
+    CHECK(test_support::snapshot(cache) == swapped);
+    CHECK(cache.swapped_out(a));
+    cache.remove_sequence(b);
+    const auto copied_before = cache.statistics().pages_swapped_in;
+    cache.swap_in(a);
+    CHECK(cache.statistics().pages_swapped_in == copied_before + 1);  // the cached two came back as they were
+    check_rows(cache, a, tokens_from(3, 9));
+}
+
+TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a model of every sequence") {
+    for (const unsigned seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
+        INFO("seed " << seed);
+        std::mt19937 random(seed);
+        const auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(random); };
+        cache_type cache(layers, 14, page, true);
+        cache.attach_host_tier(10);
+        std::map<kvcache::sequence_id, std::vector<std::int32_t>> model;
+        const std::vector<std::vector<std::int32_t>> prompts = {tokens_from(1000, 9), tokens_from(2000, 5),
+                                                                tokens_from(1000, 4)};
+        int refused = 0, swaps = 0;
+        for (int step = 0; step < 400; ++step) {
+            std::vector<kvcache::sequence_id> ids;
+            for (const auto& entry : model) ids.push_back(entry.first);
+            const auto any = [&] { return ids[pick(int(ids.size()))]; };
+            const int op = ids.empty() ? 0 : pick(8);
+            const std::string before = test_support::snapshot(cache);
+            try {
+                if (op == 0) {  // a new request, sharing a cached prompt prefix when one matches
+                    const auto id = cache.add_sequence();
+                    model[id] = {};
+                    auto tokens = prompts[pick(3)];
+                    const int matched = cache.match_prefix(id, tokens);
+                    model[id].assign(tokens.begin(), tokens.begin() + matched);
+                    tokens.erase(tokens.begin(), tokens.begin() + matched);
+                    try {
+                        append_tokens(cache, id, tokens);
+                    } catch (const kvcache::error&) {
+                        cache.remove_sequence(id);  // the request does not fit: drop it
+                        model.erase(id);
+                        throw;
+                    }
+                    model[id].insert(model[id].end(), tokens.begin(), tokens.end());
+                } else if (op == 1 || op == 2) {  // a decode or prefill step
+                    const auto id = any();
+                    if (cache.swapped_out(id)) continue;
+                    const auto tokens = tokens_from(3000 + step * 8, 1 + pick(5));
+                    if (op == 1) {
+                        append_tokens(cache, id, tokens);
+                    } else {  // through a plan and the append kernel: the owner sees only the reservation
+                        const auto plan = cache.plan_with_tokens({id}, {tokens});
+                        const std::vector<int> offsets = {0, int(tokens.size())};
+                        const int first = plan.first_new_position(0);
+                        for (int l = 0; l < layers; ++l) {
+                            const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
+                            kvcache::reference_backend{}.append(kvcache::append_params(plan.view(l), keys, values, offsets));
+                        }
+                    }
+                    model[id].insert(model[id].end(), tokens.begin(), tokens.end());
+                } else if (op == 3) {
+                    const auto id = any();
+                    if (cache.swapped_out(id)) {
+                        cache.swap_in(id);
+                    } else {
+                        cache.swap_out(id);
+                    }
+                    ++swaps;
+                } else if (op == 4) {
+                    const auto id = any();
+                    model[cache.fork(id)] = model[id];
+                } else if (op == 5) {
+                    const auto id = any();
+                    if (cache.swapped_out(id)) continue;
+                    const int length = pick(int(model[id].size()) + 1);
+                    cache.truncate(id, length);
+                    model[id].resize(length);
+                } else if (op == 6) {
+                    const auto id = any();
+                    cache.remove_sequence(id);
+                    model.erase(id);
+                } else {  // swap in what fits, each call all or nothing
+                    for (auto id : ids) {
+                        if (!cache.swapped_out(id)) continue;
+                        const std::string untouched = test_support::snapshot(cache);
+                        try {
+                            cache.swap_in(id);
+                            ++swaps;
+                        } catch (const kvcache::error& e) {
+                            REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
+                            CHECK(test_support::snapshot(cache) == untouched);
+                            ++refused;
+                        }
+                    }
+                }
+            } catch (const kvcache::error& e) {
+                ++refused;
+                REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
+                // Only a fresh request is dropped; anything else left the cache as it was.
+                INFO("step " << step << ", operation " << op << ": " << std::string(e.what()));
+                if (op != 0) CHECK(test_support::snapshot(cache) == before);
+            }
+            for (const auto& entry : model) check_rows(cache, entry.first, entry.second);
+            const auto st = cache.statistics();
+            REQUIRE(st.host_pages_used <= st.host_pages_total);
+            REQUIRE(st.pages_used + st.pages_free + st.pages_evictable == st.pages_total);
+        }
+        CHECK(swaps > 20);
+        CHECK(refused > 0);  // the pool and the tier ran out at times
+        // Everything back, then everything removed: both tiers are empty again.
+        for (auto& entry : model)
+            if (cache.swapped_out(entry.first)) {
+                try {
+                    cache.swap_in(entry.first);
+                } catch (const kvcache::error&) {
+                }
+            }
+        for (auto& entry : model) cache.remove_sequence(entry.first);
+        const auto st = cache.statistics();
+        CHECK(st.host_pages_used == 0);
+        CHECK(st.pages_used == 0);
+    }
+}

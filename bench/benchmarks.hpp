@@ -21,5 +21,6 @@ void run_layout_overhead(const options&, report&);
 void run_memory_waste(const options&, report&);
 void run_prefill(const options&, report&);
 void run_dynamic_heads(const options&, report&);
+void run_host_tier(const options&, report&);
 
 }  // namespace kvcache::bench

@@ -24,6 +24,7 @@ const benchmark_entry all_benchmarks[] = {
     {"prefill", run_prefill},
     {"generation", run_generation},
     {"dynamic_heads", run_dynamic_heads},
+    {"host_tier", run_host_tier},
 };
 
 void print_help() {

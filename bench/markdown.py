@@ -113,6 +113,17 @@ def main():
         print(table(["operation", "element", "batch", "context", "chunk", "compiled ms", "dynamic ms",
                      "dynamic / compiled (per-round min .. max)"], rows))
 
+    rows = []
+    for r in of("host_tier"):
+        p, m = r["params"], r["metrics"]
+        rows.append([p["element"], str(p["context"]), str(p["bytes"]), spread(m, "swap_out_ms"), spread(m, "swap_in_ms"),
+                     spread(m, "copy_ms"),
+                     f'{m["swap_in_fraction_of_copy"]:.2f} ({m["fraction_min"]:.2f} .. {m["fraction_max"]:.2f})'])
+    if rows:
+        print("### host_tier\n")
+        print(table(["element", "context", "bytes", "swap_out ms", "swap_in ms", "memcpy ms",
+                     "swap_in / memcpy rate (per-round min .. max)"], rows))
+
 
 if __name__ == "__main__":
     main()

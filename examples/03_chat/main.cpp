@@ -3,6 +3,9 @@
 // prefix cache finds the pages of all earlier turns (match_prefix), so only
 // the new tokens are computed; a second run without the prefix cache
 // recomputes the whole history each turn, and both must reply the same.
+// With --conversations N, N conversations take turns on a pool too small for
+// all of them: idle ones are swapped out to the cache's host tier and come
+// back from it when their user returns.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -48,6 +51,13 @@ options:
   --layers N       decoder layers (default 4)
   --threads N      CPU threads (default: all cores)
   --seed N         weights and conversation seed (default 1)
+  --conversations N  serve N conversations in turn on one small pool (the
+                   swap mode): each keeps its sequence between turns; when
+                   the pool is short, the least recently served one is
+                   swapped out to the host tier and swapped back in when its
+                   user returns. Prints each returning turn's time to first
+                   token from the host tier against recomputing the history.
+  --pool-pages N   swap mode: pages in the pool (default: room for two conversations)
   --help           this text
 )";
 
@@ -131,9 +141,140 @@ turn_result serve(chat_cache& cache, ex::llama_model& model, const std::vector<i
     return r;
 }
 
+/// One conversation of the swap mode: its sequence stays in the cache between turns.
+struct conversation {
+    kvcache::sequence_id sequence = -1;
+    std::vector<int> history;  // every token so far; the cache holds all but the last reply token
+    long last_served = -1;
+};
+
+/// The swap mode: conversations take turns; before a turn, the least recently
+/// served resident ones are swapped out until the pool has room for it; a
+/// returning conversation is swapped back in, then only its new tokens run.
+/// Each turn is checked against recomputing its whole history without a cache.
+int run_swap_mode(ex::llama_model& model, const ex::model_config& config, int conversations, int pool_pages,
+                  int turns, int system_tokens, const std::vector<int>& user, int reply_tokens, int page_size,
+                  int layers, int seed, int threads) {
+    const long longest = system_tokens + static_cast<long>(turns) * (user[1] + reply_tokens);
+    const int pages_each = static_cast<int>(longest / page_size + 2);
+    if (pool_pages == 0) pool_pages = 2 * pages_each;
+    if (pool_pages < pages_each)
+        throw ex::usage_error("--pool-pages " + std::to_string(pool_pages) + " cannot hold one conversation of up to " +
+                              std::to_string(longest) + " tokens (" + std::to_string(pages_each) + " pages)");
+    chat_cache cache(layers, pool_pages, page_size, /*prefix_caching=*/false);
+    cache.attach_host_tier(conversations * pages_each);
+    chat_cache scratch(layers, pages_each + 2, page_size, /*prefix_caching=*/false);  // the recompute runs
+
+    std::printf("model: Llama-architecture decoder, %s, random weights (seed %d)\n", config.describe().c_str(), seed);
+    std::printf("cache: paged, %d pages of %d tokens (a conversation needs up to %d), host tier of %d pages, fp32, "
+                "%d threads\n",
+                pool_pages, page_size, pages_each, cache.host_tier_pages(), threads);
+    std::printf("conversations: %d, %d turns each, system prompt %d tokens, user messages %d..%d, replies %d\n\n",
+                conversations, turns, system_tokens, user[0], user[1], reply_tokens);
+    std::printf("%4s | %4s | %7s | %-9s | %11s | %15s | %16s | %9s\n", "turn", "conv", "history", "from",
+                "swap-in ms", "first token ms", "recompute ms", "identical");
+
+    ex::seeded_random random(static_cast<std::uint64_t>(seed) * 7919u + 23u);
+    auto random_tokens = [&](int n) {
+        std::vector<int> out(n);
+        for (auto& t : out) t = static_cast<int>(random.next() % static_cast<std::uint64_t>(config.vocab_size));
+        return out;
+    };
+    {  // warm-up (threads started, memory touched)
+        std::vector<int> warm(std::min(system_tokens + user[0], page_size * pages_each - 1), 1);
+        serve(scratch, model, warm, 2, false);
+    }
+    std::vector<conversation> chats(conversations);
+    for (auto& c : chats) c.history = random_tokens(system_tokens);
+    bool identical = true;
+    int returning = 0;
+    double tier_first_token = 0, recompute_first_token = 0;
+    long clock = 0;
+    for (int turn = 1; turn <= turns; ++turn) {
+        for (int index = 0; index < conversations; ++index) {
+            conversation& c = chats[index];
+            const int span = user[1] - user[0] + 1;
+            const std::vector<int> message = random_tokens(user[0] + static_cast<int>(random.next() % span));
+            c.history.insert(c.history.end(), message.begin(), message.end());
+            const turn_result expected = serve(scratch, model, c.history, reply_tokens, false);
+
+            const auto start = std::chrono::steady_clock::now();
+            const char* from = "new";
+            double swap_seconds = 0;
+            if (c.sequence < 0) {
+                c.sequence = cache.add_sequence();
+            } else if (cache.swapped_out(c.sequence)) {
+                from = "host tier";
+            } else {
+                from = "pool";
+            }
+            // Room for this turn: swap out the least recently served resident conversations.
+            const int turn_pages = static_cast<int>((c.history.size() + reply_tokens + page_size - 1) / page_size);
+            const int held_pages = cache.swapped_out(c.sequence) ? 0 : static_cast<int>(cache.pages(c.sequence).size());
+            for (;;) {
+                const auto st = cache.statistics();
+                if (st.pages_free + st.pages_evictable >= turn_pages - held_pages) break;
+                conversation* victim = nullptr;
+                for (auto& other : chats)
+                    if (&other != &c && other.sequence >= 0 && !cache.swapped_out(other.sequence) &&
+                        (!victim || other.last_served < victim->last_served))
+                        victim = &other;
+                if (!victim) throw ex::usage_error("the pool cannot hold this conversation's turn");
+                cache.swap_out(victim->sequence);
+            }
+            if (cache.swapped_out(c.sequence)) {
+                const auto swap_start = std::chrono::steady_clock::now();
+                cache.swap_in(c.sequence);
+                swap_seconds = ex::seconds_since(swap_start);
+            }
+            // Feed what the cache does not hold yet: the last reply token and the new message.
+            const int held = cache.length(c.sequence);
+            prefix_cached_attention attention(cache, c.sequence);
+            attention.next_tokens(c.history.data() + held);
+            std::vector<float> logits =
+                model.forward(c.history.data() + held, static_cast<int>(c.history.size()) - held, held, attention);
+            const double first_token = ex::seconds_since(start);
+            std::vector<int> reply;
+            int position = static_cast<int>(c.history.size());
+            for (;;) {
+                reply.push_back(ex::argmax(logits.data(), static_cast<int>(logits.size())));
+                if (static_cast<int>(reply.size()) == reply_tokens) break;
+                attention.next_tokens(&reply.back());
+                logits = model.forward(&reply.back(), 1, position++, attention);
+            }
+            const bool same = reply == expected.reply;
+            identical = identical && same;
+            if (std::string(from) == "host tier") {
+                ++returning;
+                tier_first_token += first_token;
+                recompute_first_token += expected.prefill_seconds;
+            }
+            std::printf("%4d | %4d | %7zu | %-9s | %11.2f | %15.2f | %16.2f | %9s\n", turn, index + 1,
+                        c.history.size(), from, swap_seconds * 1e3, first_token * 1e3,
+                        expected.prefill_seconds * 1e3, same ? "yes" : "NO");
+            std::fflush(stdout);
+            c.history.insert(c.history.end(), reply.begin(), reply.end());
+            c.last_served = ++clock;
+        }
+    }
+    const auto st = cache.statistics();
+    std::printf("\nturns returning from the host tier: %d; time to first token %.2f ms from the tier, %.2f ms "
+                "recomputing the history (%.1fx)\n",
+                returning, returning ? tier_first_token * 1e3 / returning : 0.0,
+                returning ? recompute_first_token * 1e3 / returning : 0.0,
+                tier_first_token > 0 ? recompute_first_token / tier_first_token : 0.0);
+    std::printf("moved: %llu pages (%.2f MiB) out, %llu pages (%.2f MiB) in, %llu moves spared by a copy still held\n",
+                static_cast<unsigned long long>(st.pages_swapped_out), double(st.bytes_swapped_out) / (1 << 20),
+                static_cast<unsigned long long>(st.pages_swapped_in), double(st.bytes_swapped_in) / (1 << 20),
+                static_cast<unsigned long long>(st.swap_copies_avoided));
+    std::printf("replies identical to recomputing each history: %s\n", identical ? "yes" : "no");
+    return identical && returning > 0 ? 0 : 1;
+}
+
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help"},
-                       {"--turns", "--system", "--user", "--reply", "--page-size", "--layers", "--threads", "--seed"});
+                       {"--turns", "--system", "--user", "--reply", "--page-size", "--layers", "--threads", "--seed",
+                        "--conversations", "--pool-pages"});
     if (args.has("--help")) {
         std::cout << usage;
         return 0;
@@ -153,6 +294,10 @@ int run(int argc, char** argv) {
     ex::thread_pool pool(threads);
     kvcache::cpu::set_thread_count(threads);
     ex::llama_model model(ex::make_random_weights(config, static_cast<std::uint64_t>(seed)), pool);
+    const int conversations = args.integer("--conversations", 0, 0, 1 << 12);
+    if (conversations > 0)
+        return run_swap_mode(model, config, conversations, args.integer("--pool-pages", 0, 0, 1 << 24), turns,
+                             system_tokens, user, reply_tokens, page_size, layers, seed, pool.size());
 
     // Room for the whole conversation twice over, so nothing cached is evicted and every
     // turn can reuse everything before it.

@@ -235,6 +235,7 @@ TEST_CASE("a tier or a pool too small refuses with nothing changed") {
 }
 
 TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a model of every sequence") {
+    std::uint64_t host_hits = 0;
     for (const unsigned seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
         INFO("seed " << seed);
         std::mt19937 random(seed);
@@ -332,6 +333,9 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
         }
         CHECK(swaps > 20);
         CHECK(refused > 0);  // the pool and the tier ran out at times
+        const auto run = cache.statistics();
+        CHECK(run.pages_spilled > 0);  // evicted prefix pages went to the tier
+        host_hits += run.host_prefix_hit_pages;
         // Everything back, then everything removed: both tiers are empty again.
         for (auto& entry : model)
             if (cache.swapped_out(entry.first)) {
@@ -345,4 +349,57 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
         CHECK(st.host_pages_used == 0);
         CHECK(st.pages_used == 0);
     }
+    CHECK(host_hits > 0);  // some later requests found their prefix in the tier
+}
+
+TEST_CASE("cached prefix pages the pool evicts spill to the host tier, and a match brings them back") {
+    for (const bool with_tier : {false, true}) {
+        INFO((with_tier ? "with a host tier" : "without a host tier (evicted pages are lost)"));
+        cache_type cache(layers, 6, page, true);
+        if (with_tier) cache.attach_host_tier(4);
+        const auto prompt = tokens_from(500, 3 * page + 1);  // three full pages and one more token
+        const auto a = cache.add_sequence();
+        append_tokens(cache, a, prompt);
+        cache.remove_sequence(a);  // its three full pages stay cached in the pool
+        CHECK(cache.statistics().pages_evictable == 3);
+        const auto b = cache.add_sequence();
+        append_tokens(cache, b, tokens_from(900, 6 * page));  // every page: the cached ones are evicted
+        const auto st = cache.statistics();
+        CHECK(st.evictions == 3);
+        CHECK(st.pages_spilled == (with_tier ? 3u : 0u));
+        CHECK(st.host_pages_cached == (with_tier ? 3 : 0));
+        CHECK(st.host_pages_used == 0);  // spilled pages are not held by anyone
+        cache.remove_sequence(b);
+        const auto c = cache.add_sequence();
+        const std::vector<std::int32_t> lookup(prompt.begin(), prompt.end() - 1);
+        const int matched = cache.match_prefix(c, lookup);
+        CHECK(matched == (with_tier ? 3 * page : 0));
+        if (!with_tier) continue;
+        CHECK(cache.statistics().host_prefix_hit_pages == 3);
+        const std::vector<std::int32_t> rest(prompt.begin() + matched, prompt.end());
+        append_tokens(cache, c, rest);
+        check_rows(cache, c, prompt);  // the rows came back from the tier
+        // The pages are cached in the pool again: another request shares them without the tier.
+        const auto d = cache.add_sequence();
+        CHECK(cache.match_prefix(d, lookup) == 3 * page);
+        CHECK(cache.statistics().host_prefix_hit_pages == 3);
+        CHECK(cache.pages(d)[0] == cache.pages(c)[0]);
+    }
+}
+
+TEST_CASE("a swap out may take the tier's spilled pages, least recently spilled first") {
+    cache_type cache(layers, 4, page, true);
+    cache.attach_host_tier(4);
+    const auto a = cache.add_sequence();
+    append_tokens(cache, a, tokens_from(10, 2 * page + 1));
+    cache.remove_sequence(a);  // two cached full pages
+    const auto b = cache.add_sequence();
+    append_tokens(cache, b, tokens_from(40, 4 * page));  // evicts and spills both
+    REQUIRE(cache.statistics().host_pages_cached == 2);
+    cache.swap_out(b);  // needs all four host pages: two free, two holding spilled pages
+    const auto st = cache.statistics();
+    CHECK(st.host_pages_used == 4);
+    CHECK(st.host_pages_cached == 0);
+    cache.swap_in(b);
+    check_rows(cache, b, tokens_from(40, 4 * page));
 }

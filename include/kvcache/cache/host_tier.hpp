@@ -1,8 +1,9 @@
 // The host tier behind a paged cache: pages of the primary pool's shape in
 // host memory (page-locked when the primary pool is in device memory), with
 // reference counts, so a page that several swapped sequences share is held
-// once, and twin links: while a page's copy in the other tier is known to be
-// unchanged, swapping it back reuses that copy instead of moving the bytes.
+// once; twin links: while a page's copy in the other tier is known to be
+// unchanged, swapping it back reuses that copy instead of moving the bytes;
+// and a prefix index of its own for cached pages the pool evicted (spilled).
 #pragma once
 
 #include <cstddef>
@@ -44,16 +45,30 @@ public:
     /// Host pages in the tier (0: no tier).
     int size() const noexcept { return pool_.size(); }
     int free_count() const noexcept { return pool_.free_count(); }
-    int used() const noexcept { return size() - free_count(); }
+    /// Pages allocate() can hand out: free, plus spilled prefix pages nobody holds.
+    int available() const noexcept { return pool_.available(); }
+    /// Spilled prefix pages kept (referenced or not).
+    int cached_count() const noexcept { return pool_.cached_count(); }
+    /// Pages swapped sequences hold (spilled prefix pages nobody holds do not count).
+    int used() const noexcept { return size() - available(); }
     int references(int page) const { return pool_.references(page); }
 
-    /// A free host page with one reference; the caller checked free_count().
+    /// A host page with one reference, evicting the least recently spilled
+    /// prefix page when none is free; the caller checked available().
     int allocate() {
         const int page = pool_.allocate();
         unlink_host(page);
         return page;
     }
     void retain(int page) { pool_.retain(page); }
+    /// Enters a spilled prefix page under its key (see page_pool::publish).
+    void publish(int page, std::uint64_t hash, std::uint64_t parent, const std::vector<std::int32_t>& tokens) {
+        pool_.publish(page, hash, parent, tokens.data(), static_cast<int>(tokens.size()));
+    }
+    /// The spilled prefix page for (parent, tokens), or -1.
+    int find(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count) const {
+        return pool_.find(hash, parent, tokens, count);
+    }
     /// Drops a reference; a page nobody references is freed and unlinked.
     void release(int page) {
         pool_.release(page);
@@ -94,7 +109,7 @@ private:
     }
 
     std::int64_t page_elements_ = 0;
-    page_pool pool_;  // reference counts and the free list; no prefix index
+    page_pool pool_;  // reference counts, the free list, and the index of spilled prefix pages
     std::vector<buffer> keys_, values_;
     std::vector<int> host_of_primary_, primary_of_host_;
 };

@@ -37,6 +37,9 @@ struct pool_statistics {
     std::uint64_t swap_copies_avoided = 0;   ///< page moves served by a copy the other tier still held
     std::size_t bytes_swapped_out = 0;       ///< bytes of pages_swapped_out (every layer, keys and values)
     std::size_t bytes_swapped_in = 0;        ///< bytes of pages_swapped_in
+    int host_pages_cached = 0;               ///< host-tier pages holding spilled prefix pages
+    std::uint64_t pages_spilled = 0;         ///< cached pages copied to the host tier as the pool evicted them
+    std::uint64_t host_prefix_hit_pages = 0; ///< of prefix_hit_pages, pages brought back from the host tier
 
     /// Hit pages / queried pages (0 before any query).
     double hit_rate() const noexcept {
@@ -96,7 +99,7 @@ public:
         if (free_.empty()) {
             require(!lru_.empty(), error_code::capacity_exceeded, "page pool of ", size(),
                     " pages has no free page and no evictable cached page");
-            const int victim = leaves_.empty() ? lru_.begin()->second : leaves_.begin()->second;
+            const int victim = next_victim();
             uncache(victim);
             ++evictions_;
             free_.push_back(victim);
@@ -106,6 +109,18 @@ public:
         info_[page].references = 1;
         return page;
     }
+
+    /// The cached page the next allocate() evicts, or -1 when it takes a free
+    /// page (or has none to take).
+    int next_victim() const {
+        if (!free_.empty() || lru_.empty()) return -1;
+        return leaves_.empty() ? lru_.begin()->second : leaves_.begin()->second;
+    }
+
+    /// A cached page's key in the index: its chained hash, its parent's hash, its token ids.
+    std::uint64_t hash_of(int page) const { return info_.at(page).hash; }
+    std::uint64_t parent_of(int page) const { return info_.at(page).parent; }
+    const std::vector<std::int32_t>& tokens_of(int page) const { return info_.at(page).tokens; }
 
     void retain(int page) {
         page_info& p = info_[page];

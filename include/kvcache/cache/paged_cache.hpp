@@ -158,16 +158,42 @@ public:
         const int full = static_cast<int>(token_ids.size()) / page_size_;
         queried_ += full;
         if (!prefix_caching_) return 0;
+        // Walk the chain first, holding each hit (pool pages retained, host-tier
+        // pages pinned), so bringing pages back cannot evict a later page of it.
+        struct hit {
+            int page, host;
+            std::uint64_t hash, parent;
+        };
+        std::vector<hit> chain;
         std::uint64_t parent = detail::root_hash;
         for (int i = 0; i < full; ++i) {
             const std::int32_t* tokens = token_ids.data() + std::size_t(i) * page_size_;
             const std::uint64_t hash = detail::chain_hash(parent, tokens, page_size_);
             const int page = pool_.find(hash, parent, tokens, page_size_);
-            if (page < 0) break;
-            pool_.retain(page);
-            s.pages.push_back(page);
-            s.hashes.push_back(hash);
+            const int host = page < 0 && tier_.size() > 0 ? tier_.find(hash, parent, tokens, page_size_) : -1;
+            if (page < 0 && host < 0) break;
+            if (page >= 0) pool_.retain(page);
+            else tier_.retain(host);
+            chain.push_back({page, host, hash, parent});
             parent = hash;
+        }
+        std::size_t kept = chain.size();
+        for (std::size_t k = 0; k < chain.size(); ++k) {  // spilled pages come back while the pool has room
+            if (chain[k].page >= 0) continue;
+            if (pool_.available() == 0) {
+                kept = k;
+                break;
+            }
+            chain[k].page = bring_back(chain[k].host, chain[k].hash, chain[k].parent,
+                                       token_ids.data() + k * std::size_t(page_size_));
+        }
+        for (std::size_t k = 0; k < chain.size(); ++k) {
+            if (chain[k].host >= 0) tier_.release(chain[k].host);
+            if (k >= kept && chain[k].page >= 0) pool_.release(chain[k].page);
+        }
+        for (std::size_t k = 0; k < kept; ++k) {
+            s.pages.push_back(chain[k].page);
+            s.hashes.push_back(chain[k].hash);
         }
         const int matched = static_cast<int>(s.pages.size());
         hits_ += matched;
@@ -293,8 +319,9 @@ public:
                 ": the cache has no host tier (attach_host_tier(pages) first)");
         int needed = 0;
         for (int page : s.pages) needed += tier_.host_twin(page) < 0 ? 1 : 0;
-        require(needed <= tier_.free_count(), error_code::capacity_exceeded, "swapping out sequence ", id, " needs ",
-                needed, " host-tier pages; ", tier_.free_count(), " of ", tier_.size(), " are free");
+        require(needed <= tier_.available(), error_code::capacity_exceeded, "swapping out sequence ", id, " needs ",
+                needed, " host-tier pages; ", tier_.available(), " of ", tier_.size(),
+                " are free or hold spilled prefix pages");
         publish_pages(s, s.length);
         std::vector<int> host_pages;
         host_pages.reserve(s.pages.size());
@@ -418,6 +445,9 @@ public:
         st.swap_copies_avoided = swap_copies_avoided_;
         st.bytes_swapped_out = page_bytes * swapped_out_pages_;
         st.bytes_swapped_in = page_bytes * swapped_in_pages_;
+        st.host_pages_cached = tier_.cached_count();
+        st.pages_spilled = spilled_pages_;
+        st.host_prefix_hit_pages = host_hits_;
         return st;
     }
     std::size_t bytes_reserved() const { return statistics().bytes_reserved; }
@@ -444,10 +474,52 @@ private:
         return s;
     }
 
-    /// A page for new rows: any host-tier link of its previous contents is broken.
-    int allocate_page() {
+    /// A page for new rows: when that evicts a cached prefix page, the page
+    /// is spilled to the host tier first (if there is one); any host-tier link
+    /// of its previous contents is broken. With a stream, the spill's copy is
+    /// ordered on it (a plan's), else it is done on return.
+    int allocate_page(std::optional<typename Memory::stream_type> stream = std::nullopt) {
+        spill(pool_.next_victim(), stream);
         const int page = pool_.allocate();
         tier_.unlink_primary(page);
+        return page;
+    }
+
+    /// Copies a cached page about to be evicted into the host tier's prefix
+    /// index (evicting the tier's least recently spilled page if it is full).
+    void spill(int victim, std::optional<typename Memory::stream_type> stream) {
+        if (victim < 0 || tier_.size() == 0 || tier_.available() == 0) return;
+        const std::vector<std::int32_t>& tokens = pool_.tokens_of(victim);
+        const std::uint64_t hash = pool_.hash_of(victim), parent = pool_.parent_of(victim);
+        if (tier_.find(hash, parent, tokens.data(), static_cast<int>(tokens.size())) >= 0) return;  // spilled before
+        const int host = tier_.allocate();
+        if (stream) {
+            copy_page_to_host(victim, host, *stream);
+        } else {
+            const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
+            for (int l = 0; l < layers_; ++l) {
+                Memory::copy_to_host(tier_.keys(l, host), keys_[l].data() + victim * page_elements(), bytes);
+                Memory::copy_to_host(tier_.values(l, host), values_[l].data() + victim * page_elements(), bytes);
+            }
+        }
+        tier_.publish(host, hash, parent, tokens);
+        tier_.release(host);  // nobody holds it: evictable in the tier, least recently spilled first
+        ++spilled_pages_;
+    }
+
+    /// Spilled host page `host` (pinned by the caller, so the spill the
+    /// allocation may cause cannot evict it) copied back into a pool page,
+    /// which is published again and returned with one reference; the pool
+    /// must have a page available.
+    int bring_back(int host, std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens) {
+        const int page = allocate_page();
+        const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
+        for (int l = 0; l < layers_; ++l) {
+            Memory::copy_from_host(keys_[l].data() + page * page_elements(), tier_.keys(l, host), bytes);
+            Memory::copy_from_host(values_[l].data() + page * page_elements(), tier_.values(l, host), bytes);
+        }
+        pool_.publish(page, hash, parent, tokens, page_size_);
+        ++host_hits_;
         return page;
     }
 
@@ -524,7 +596,7 @@ private:
         publish_pages(s, old);  // rows below the old length were written in earlier steps
         if (copy_last) make_private(s, static_cast<int>(s.pages.size()) - 1, stream);
         if (n > 0 && old % page_size_ != 0) tier_.unlink_primary(s.pages.back());  // new rows land in it
-        for (int i = 0; i < needed; ++i) s.pages.push_back(allocate_page());
+        for (int i = 0; i < needed; ++i) s.pages.push_back(allocate_page(stream));
         if (static_cast<int>(s.tokens.size()) == old) s.tokens.insert(s.tokens.end(), tokens, tokens + token_count);
         s.length = old + n;
         return old;
@@ -547,7 +619,7 @@ private:
     /// stream when one is given.
     void make_private(state& s, int i, std::optional<typename Memory::stream_type> stream = std::nullopt) {
         const int old = s.pages[i];
-        const int fresh = allocate_page();
+        const int fresh = allocate_page(stream);
         const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
         const auto copy = [&](Element* plane) {
             if (stream)
@@ -609,6 +681,7 @@ private:
     detail::index_table<Memory> table_;
     detail::host_tier<Element, Memory> tier_;
     std::uint64_t swapped_out_pages_ = 0, swapped_in_pages_ = 0, swap_copies_avoided_ = 0;
+    std::uint64_t spilled_pages_ = 0, host_hits_ = 0;
     std::uint64_t queried_ = 0, hits_ = 0, copies_ = 0;
 };
 

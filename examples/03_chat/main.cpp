@@ -141,6 +141,25 @@ turn_result serve(chat_cache& cache, ex::llama_model& model, const std::vector<i
     return r;
 }
 
+/// The seeded token ids of system prompts and user messages.
+class conversation_tokens {
+public:
+    conversation_tokens(int seed, int vocab_size)
+        : random_(static_cast<std::uint64_t>(seed) * 7919u + 23u), vocab_size_(vocab_size) {}
+    /// The next n token ids.
+    std::vector<int> operator()(int n) {
+        std::vector<int> out(n);
+        for (auto& t : out) t = static_cast<int>(random_.next() % static_cast<std::uint64_t>(vocab_size_));
+        return out;
+    }
+    /// The next raw draw (message lengths come from the same stream).
+    std::uint64_t next() { return random_.next(); }
+
+private:
+    ex::seeded_random random_;
+    int vocab_size_;
+};
+
 /// One conversation of the swap mode: its sequence stays in the cache between turns.
 struct conversation {
     kvcache::sequence_id sequence = -1;
@@ -174,12 +193,7 @@ int run_swap_mode(ex::llama_model& model, const ex::model_config& config, int co
     std::printf("%4s | %4s | %7s | %-9s | %11s | %15s | %16s | %9s\n", "turn", "conv", "history", "from",
                 "swap-in ms", "first token ms", "recompute ms", "identical");
 
-    ex::seeded_random random(static_cast<std::uint64_t>(seed) * 7919u + 23u);
-    auto random_tokens = [&](int n) {
-        std::vector<int> out(n);
-        for (auto& t : out) t = static_cast<int>(random.next() % static_cast<std::uint64_t>(config.vocab_size));
-        return out;
-    };
+    conversation_tokens random_tokens(seed, config.vocab_size);
     {  // warm-up (threads started, memory touched)
         std::vector<int> warm(std::min(system_tokens + user[0], page_size * pages_each - 1), 1);
         serve(scratch, model, warm, 2, false);
@@ -194,7 +208,7 @@ int run_swap_mode(ex::llama_model& model, const ex::model_config& config, int co
         for (int index = 0; index < conversations; ++index) {
             conversation& c = chats[index];
             const int span = user[1] - user[0] + 1;
-            const std::vector<int> message = random_tokens(user[0] + static_cast<int>(random.next() % span));
+            const std::vector<int> message = random_tokens(user[0] + static_cast<int>(random_tokens.next() % span));
             c.history.insert(c.history.end(), message.begin(), message.end());
             const turn_result expected = serve(scratch, model, c.history, reply_tokens, false);
 
@@ -314,12 +328,7 @@ int run(int argc, char** argv) {
     std::printf("%4s | %7s | %6s | %8s | %17s | %17s | %8s | %9s\n", "turn", "history", "reused", "computed",
                 "prefill ms (reuse)", "prefill ms (full)", "saved ms", "identical");
 
-    ex::seeded_random random(static_cast<std::uint64_t>(seed) * 7919u + 23u);
-    auto random_tokens = [&](int n) {
-        std::vector<int> out(n);
-        for (auto& t : out) t = static_cast<int>(random.next() % static_cast<std::uint64_t>(config.vocab_size));
-        return out;
-    };
+    conversation_tokens random_tokens(seed, config.vocab_size);
     {  // warm-up request (threads started, memory touched) so turn 1's times are not a cold start
         std::vector<int> warm(std::min(system_tokens + user[0], static_cast<int>(total) - 1), 1);
         serve(without_prefix, model, warm, 2, false);
@@ -331,7 +340,7 @@ int run(int argc, char** argv) {
     int cached_length = 0;  // positions the previous turn left in the cache
     for (int turn = 1; turn <= turns; ++turn) {
         const int span = user[1] - user[0] + 1;
-        const std::vector<int> message = random_tokens(user[0] + static_cast<int>(random.next() % span));
+        const std::vector<int> message = random_tokens(user[0] + static_cast<int>(random_tokens.next() % span));
         history.insert(history.end(), message.begin(), message.end());
 
         const turn_result fast = serve(with_prefix, model, history, reply_tokens, true);

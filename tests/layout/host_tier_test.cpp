@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <string>
@@ -402,4 +405,101 @@ TEST_CASE("a swap out may take the tier's spilled pages, least recently spilled 
     CHECK(st.host_pages_cached == 0);
     cache.swap_in(b);
     check_rows(cache, b, tokens_from(40, 4 * page));
+}
+
+namespace {
+/// A fresh, empty directory for a disk tier under the system's temporary directory.
+std::string fresh_directory(const std::string& name) {
+    const auto path = std::filesystem::temp_directory_path() / ("kvcache_host_tier_test_" + name);
+    std::filesystem::remove_all(path);
+    return path.string();
+}
+
+/// Caches `pages_each` pages of three prompts one after the other in a pool
+/// of 4 pages, so each evicts the previous one's pages (spilled down the tiers).
+std::vector<std::vector<std::int32_t>> fill_through_tiers(cache_type& cache) {
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (int p = 0; p < 3; ++p) {
+        prompts.push_back(tokens_from(1000 * (p + 1), 4 * page));
+        const auto id = cache.add_sequence();
+        append_tokens(cache, id, prompts.back());
+        cache.remove_sequence(id);
+    }
+    return prompts;
+}
+}  // namespace
+
+TEST_CASE("the host tier's evicted spilled pages go to disk files, and a match reads them back") {
+    const std::string directory = fresh_directory("disk");
+    {
+        cache_type cache(layers, 4, page, true);
+        cache.attach_host_tier(4);
+        CHECK_THROWS_AS(cache_type(layers, 4, page).attach_disk_tier(directory, 4), kvcache::error);  // no host tier
+        cache.attach_disk_tier(directory, 8);
+        const auto prompts = fill_through_tiers(cache);  // prompt 0: disk, prompt 1: host, prompt 2: pool
+        auto st = cache.statistics();
+        CHECK(st.pages_written_to_disk == 4);
+        CHECK(st.disk_pages_used == 4);
+        CHECK(st.bytes_written_to_disk > 0);
+        int files = 0;
+        for (const auto& entry : std::filesystem::directory_iterator(directory)) files += entry.is_regular_file();
+        CHECK(files == 4);
+        const auto a = cache.add_sequence();
+        const std::vector<std::int32_t> lookup(prompts[0].begin(), prompts[0].end() - 1);
+        CHECK(cache.match_prefix(a, lookup) == 3 * page);  // all but the last page (never matched: its last token)
+        st = cache.statistics();
+        CHECK(st.disk_prefix_hit_pages == 3);
+        append_tokens(cache, a, {prompts[0].begin() + 3 * page, prompts[0].end()});
+        check_rows(cache, a, prompts[0]);
+        cache.remove_sequence(a);
+    }
+    int left = 0;  // the tier's files go with it
+    for (const auto& entry : std::filesystem::directory_iterator(directory)) left += entry.is_regular_file();
+    CHECK(left == 0);
+}
+
+TEST_CASE("a damaged or missing page file is a miss, never wrong rows") {
+    const std::string directory = fresh_directory("damaged");
+    cache_type cache(layers, 4, page, true);
+    cache.attach_host_tier(4);
+    cache.attach_disk_tier(directory, 8);
+    const auto prompts = fill_through_tiers(cache);
+    int files = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(directory)) files += entry.is_regular_file();
+    REQUIRE(files == 4);
+    // Damage the file of prompt 0's second page (named by its chained hash): flip one byte of its rows.
+    const std::uint64_t first = kvcache::detail::chain_hash(kvcache::detail::root_hash, prompts[0].data(), page);
+    const std::uint64_t second = kvcache::detail::chain_hash(first, prompts[0].data() + page, page);
+    char name[40];
+    std::snprintf(name, sizeof name, "page-%016llx.kvcache", static_cast<unsigned long long>(second));
+    const auto path = std::filesystem::path(directory) / name;
+    REQUIRE(std::filesystem::exists(path));
+    const auto st0 = cache.statistics();
+    {
+        std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+        const auto middle = static_cast<std::streamoff>(std::filesystem::file_size(path) / 2);
+        char byte = 0;
+        f.seekg(middle);
+        f.read(&byte, 1);
+        byte = static_cast<char>(byte ^ 0x40);
+        f.seekp(middle);
+        f.write(&byte, 1);
+    }
+    const auto a = cache.add_sequence();
+    const std::vector<std::int32_t> lookup(prompts[0].begin(), prompts[0].end() - 1);
+    const int matched = cache.match_prefix(a, lookup);
+    const auto st = cache.statistics();
+    CHECK(matched == page);  // the first page read back, the match ends at the damaged second
+    CHECK(st.disk_pages_refused == st0.disk_pages_refused + 1);
+    CHECK(st.disk_prefix_hit_pages == std::uint64_t(matched / page));
+    const std::vector<std::int32_t> rest(prompts[0].begin() + matched, prompts[0].end());
+    append_tokens(cache, a, rest);  // the rest is recomputed
+    check_rows(cache, a, prompts[0]);
+    // A page file deleted behind the cache's back is a miss too.
+    for (const auto& entry : std::filesystem::directory_iterator(directory)) std::filesystem::remove(entry.path());
+    cache.remove_sequence(a);
+    const auto b = cache.add_sequence();
+    (void)cache.match_prefix(b, lookup);
+    append_tokens(cache, b, {prompts[0].begin() + cache.length(b), prompts[0].end()});
+    check_rows(cache, b, prompts[0]);
 }

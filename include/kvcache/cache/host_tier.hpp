@@ -61,6 +61,12 @@ public:
         return page;
     }
     void retain(int page) { pool_.retain(page); }
+    /// The spilled page allocate() evicts next, or -1 (it takes a free page, or has none).
+    int next_victim() const { return pool_.next_victim(); }
+    /// A spilled page's key (see page_pool).
+    std::uint64_t hash_of(int page) const { return pool_.hash_of(page); }
+    std::uint64_t parent_of(int page) const { return pool_.parent_of(page); }
+    const std::vector<std::int32_t>& tokens_of(int page) const { return pool_.tokens_of(page); }
     /// Enters a spilled prefix page under its key (see page_pool::publish).
     void publish(int page, std::uint64_t hash, std::uint64_t parent, const std::vector<std::int32_t>& tokens) {
         pool_.publish(page, hash, parent, tokens.data(), static_cast<int>(tokens.size()));

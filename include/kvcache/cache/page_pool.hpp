@@ -40,6 +40,12 @@ struct pool_statistics {
     int host_pages_cached = 0;               ///< host-tier pages holding spilled prefix pages
     std::uint64_t pages_spilled = 0;         ///< cached pages copied to the host tier as the pool evicted them
     std::uint64_t host_prefix_hit_pages = 0; ///< of prefix_hit_pages, pages brought back from the host tier
+    int disk_pages_total = 0;                ///< pages the disk tier may hold (0: none)
+    int disk_pages_used = 0;                 ///< page files it holds
+    std::uint64_t pages_written_to_disk = 0; ///< spilled pages the host tier evicted, written to files
+    std::uint64_t disk_prefix_hit_pages = 0; ///< of prefix_hit_pages, pages read back from files
+    std::uint64_t disk_pages_refused = 0;    ///< page files missing, damaged or foreign when read (misses)
+    std::uint64_t bytes_written_to_disk = 0, bytes_read_from_disk = 0;
 
     /// Hit pages / queried pages (0 before any query).
     double hit_rate() const noexcept {

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "kvcache/cache/disk_tier.hpp"
 #include "kvcache/cache/host_tier.hpp"
 #include "kvcache/cache/owner_base.hpp"
 #include "kvcache/cache/page_pool.hpp"
@@ -163,6 +165,7 @@ public:
         struct hit {
             int page, host;
             std::uint64_t hash, parent;
+            typename detail::disk_tier<Element>::page_rows keys, values;  // read from the disk tier
         };
         std::vector<hit> chain;
         std::uint64_t parent = detail::root_hash;
@@ -171,10 +174,12 @@ public:
             const std::uint64_t hash = detail::chain_hash(parent, tokens, page_size_);
             const int page = pool_.find(hash, parent, tokens, page_size_);
             const int host = page < 0 && tier_.size() > 0 ? tier_.find(hash, parent, tokens, page_size_) : -1;
-            if (page < 0 && host < 0) break;
+            hit h{page, host, hash, parent, {}, {}};
+            // Disk pages are read now: a later spill could evict their files. A damaged one ends the match.
+            if (page < 0 && host < 0 && !disk_.load(hash, parent, tokens, page_size_, h.keys, h.values)) break;
             if (page >= 0) pool_.retain(page);
-            else tier_.retain(host);
-            chain.push_back({page, host, hash, parent});
+            else if (host >= 0) tier_.retain(host);
+            chain.push_back(std::move(h));
             parent = hash;
         }
         std::size_t kept = chain.size();
@@ -184,8 +189,10 @@ public:
                 kept = k;
                 break;
             }
-            chain[k].page = bring_back(chain[k].host, chain[k].hash, chain[k].parent,
-                                       token_ids.data() + k * std::size_t(page_size_));
+            const std::int32_t* tokens = token_ids.data() + k * std::size_t(page_size_);
+            chain[k].page = chain[k].host >= 0 ? bring_back(chain[k].host, chain[k].hash, chain[k].parent, tokens)
+                                               : bring_back_rows(chain[k].keys, chain[k].values, chain[k].hash,
+                                                                 chain[k].parent, tokens);
         }
         for (std::size_t k = 0; k < chain.size(); ++k) {
             if (chain[k].host >= 0) tier_.release(chain[k].host);
@@ -296,6 +303,21 @@ public:
                     entry.first, " is swapped out to it");
         tier_ = detail::host_tier<Element, Memory>(layers_, pages, page_elements(), pool_.size());
     }
+    /// Gives the host tier a disk tier below it: up to `pages` spilled prefix
+    /// pages the host tier evicts are written to files in `directory`
+    /// (created if missing), one cache file per page, and match_prefix reads
+    /// them back. A file that is missing, damaged or holds other tokens is a
+    /// miss. The files are deleted with the tier. invalid_argument without a
+    /// host tier; io_error when the directory cannot be created.
+    void attach_disk_tier(const std::string& directory, int pages) {
+        require(tier_.size() > 0, error_code::invalid_argument,
+                "a disk tier sits below the host tier: attach_host_tier(pages) first");
+        require(pages >= 0, error_code::invalid_argument, "disk tier pages = ", pages, " must not be negative");
+        disk_ = detail::disk_tier<Element>(directory, pages, header());
+    }
+    /// Pages of the disk tier (0: none).
+    int disk_tier_pages() const noexcept { return disk_.size(); }
+
     /// Pages of the host tier (0: none).
     int host_tier_pages() const noexcept { return tier_.size(); }
     /// True while the sequence's rows are in the host tier.
@@ -331,7 +353,7 @@ public:
                 tier_.retain(host);
                 ++swap_copies_avoided_;
             } else {
-                host = tier_.allocate();
+                host = allocate_host_page();
                 copy_page_to_host(page, host, stream);
                 tier_.link(page, host);
                 ++swapped_out_pages_;
@@ -448,6 +470,13 @@ public:
         st.host_pages_cached = tier_.cached_count();
         st.pages_spilled = spilled_pages_;
         st.host_prefix_hit_pages = host_hits_;
+        st.disk_pages_total = disk_.size();
+        st.disk_pages_used = disk_.count();
+        st.pages_written_to_disk = disk_.counters().stored;
+        st.disk_prefix_hit_pages = disk_hits_;
+        st.disk_pages_refused = disk_.counters().damaged;
+        st.bytes_written_to_disk = disk_.counters().bytes_written;
+        st.bytes_read_from_disk = disk_.counters().bytes_read;
         return st;
     }
     std::size_t bytes_reserved() const { return statistics().bytes_reserved; }
@@ -492,7 +521,7 @@ private:
         const std::vector<std::int32_t>& tokens = pool_.tokens_of(victim);
         const std::uint64_t hash = pool_.hash_of(victim), parent = pool_.parent_of(victim);
         if (tier_.find(hash, parent, tokens.data(), static_cast<int>(tokens.size())) >= 0) return;  // spilled before
-        const int host = tier_.allocate();
+        const int host = allocate_host_page();
         if (stream) {
             copy_page_to_host(victim, host, *stream);
         } else {
@@ -505,6 +534,52 @@ private:
         tier_.publish(host, hash, parent, tokens);
         tier_.release(host);  // nobody holds it: evictable in the tier, least recently spilled first
         ++spilled_pages_;
+    }
+
+    /// A host-tier page for new rows: when that evicts a spilled prefix page,
+    /// the page goes to the disk tier first (if there is one).
+    int allocate_host_page() {
+        const int victim = tier_.next_victim();
+        if (victim >= 0 && disk_.size() > 0) spill_to_disk(victim);
+        return tier_.allocate();
+    }
+
+    /// Writes spilled host page `host` to the disk tier as token-major rows.
+    void spill_to_disk(int host) {
+        Memory::synchronize();  // a spill's copy into it may still be in flight on a plan's stream
+        const int dim = Heads::head_dim, kv = this->kv_heads();
+        typename detail::disk_tier<Element>::page_rows keys(layers_), values(layers_);
+        for (int l = 0; l < layers_; ++l) {
+            const Element* key_plane = tier_.keys(l, host);
+            const Element* value_plane = tier_.values(l, host);
+            keys[l].resize(std::size_t(page_size_) * this->token_row());
+            values[l].resize(keys[l].size());
+            for (int t = 0; t < page_size_; ++t)
+                for (int h = 0; h < kv; ++h) {
+                    const std::size_t from = (std::size_t(h) * page_size_ + t) * dim, to = (std::size_t(t) * kv + h) * dim;
+                    std::copy(key_plane + from, key_plane + from + dim, keys[l].begin() + to);
+                    std::copy(value_plane + from, value_plane + from + dim, values[l].begin() + to);
+                }
+        }
+        disk_.store(tier_.hash_of(host), tier_.parent_of(host), tier_.tokens_of(host), keys, values);
+    }
+
+    /// A pool page (one reference, published) holding a page read from the
+    /// disk tier; the pool must have a page available.
+    int bring_back_rows(const typename detail::disk_tier<Element>::page_rows& keys,
+                        const typename detail::disk_tier<Element>::page_rows& values, std::uint64_t hash,
+                        std::uint64_t parent, const std::int32_t* tokens) {
+        const int page = allocate_page();
+        const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
+        for (int l = 0; l < layers_; ++l) {
+            detail::scatter_rows<Element, Heads, Memory>(keys_[l].data() + page * page_elements(), head_stride,
+                                                         keys[l].data(), page_size_, this->kv_heads());
+            detail::scatter_rows<Element, Heads, Memory>(values_[l].data() + page * page_elements(), head_stride,
+                                                         values[l].data(), page_size_, this->kv_heads());
+        }
+        pool_.publish(page, hash, parent, tokens, page_size_);
+        ++disk_hits_;
+        return page;
     }
 
     /// Spilled host page `host` (pinned by the caller, so the spill the
@@ -681,7 +756,8 @@ private:
     detail::index_table<Memory> table_;
     detail::host_tier<Element, Memory> tier_;
     std::uint64_t swapped_out_pages_ = 0, swapped_in_pages_ = 0, swap_copies_avoided_ = 0;
-    std::uint64_t spilled_pages_ = 0, host_hits_ = 0;
+    std::uint64_t spilled_pages_ = 0, host_hits_ = 0, disk_hits_ = 0;
+    detail::disk_tier<Element> disk_;  // after tier_: pages move host -> disk
     std::uint64_t queried_ = 0, hits_ = 0, copies_ = 0;
 };
 

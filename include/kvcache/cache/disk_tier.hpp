@@ -1,0 +1,202 @@
+// The disk tier below a paged cache's host tier: spilled prefix pages the host
+// tier has no room for, one file per page in a directory the user names. Each
+// file is a cache file of the project's format (serialization.hpp): one
+// record of page_size positions holding the page's token ids and rows, under
+// the cache's own header and checksum. A file that is missing, damaged or
+// holds other tokens is a miss (the page is recomputed), never wrong rows.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvcache/cache/serialization.hpp"
+#include "kvcache/core/error.hpp"
+
+namespace kvcache {
+namespace detail {
+
+/// Counters of a disk tier.
+struct disk_tier_counters {
+    std::uint64_t stored = 0;   ///< pages written
+    std::uint64_t loaded = 0;   ///< pages read back intact
+    std::uint64_t damaged = 0;  ///< reads refused: missing, damaged or foreign file (each a miss)
+    std::uint64_t bytes_written = 0, bytes_read = 0;
+};
+
+/// Up to `pages` page files in one directory, indexed by the page's chained
+/// hash, least recently used first out (its file deleted).
+/// @tparam Element stored element type
+template <class Element>
+class disk_tier {
+public:
+    /// Rows of one page: per layer [page_size][kv_head][head_dim].
+    using page_rows = std::vector<std::vector<Element>>;
+
+    disk_tier() = default;
+
+    /// A tier in `directory` (created if missing; io_error naming it when it
+    /// cannot be) for pages of a cache whose file header is `header`.
+    disk_tier(std::string directory, int pages, const file_header& header)
+        : directory_(std::move(directory)), capacity_(pages), header_(header) {
+        std::error_code failed;
+        std::filesystem::create_directories(directory_, failed);
+        require(!failed && std::filesystem::is_directory(directory_), error_code::io_error, "disk tier directory '",
+                directory_, "' cannot be created: ", failed.message());
+    }
+    disk_tier(disk_tier&&) noexcept = default;
+    disk_tier& operator=(disk_tier&& other) noexcept {
+        if (this != &other) {
+            clear();
+            directory_ = std::move(other.directory_);
+            capacity_ = other.capacity_;
+            header_ = other.header_;
+            index_ = std::move(other.index_);
+            lru_ = std::move(other.lru_);
+            clock_ = other.clock_;
+            counters_ = other.counters_;
+            other.index_.clear();
+            other.lru_.clear();
+        }
+        return *this;
+    }
+    disk_tier(const disk_tier&) = delete;
+    disk_tier& operator=(const disk_tier&) = delete;
+    /// Deletes the files this tier wrote.
+    ~disk_tier() { clear(); }
+
+    /// Pages the tier may hold (0: no tier).
+    int size() const noexcept { return capacity_; }
+    /// Pages it holds.
+    int count() const noexcept { return static_cast<int>(index_.size()); }
+    const disk_tier_counters& counters() const noexcept { return counters_; }
+    const std::string& directory() const noexcept { return directory_; }
+
+    /// True when a page with this key was stored (its file may still be damaged).
+    bool contains(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count) const {
+        auto found = index_.find(hash);
+        return found != index_.end() && found->second.parent == parent &&
+               found->second.tokens == std::vector<std::int32_t>(tokens, tokens + count);
+    }
+
+    /// Writes one page (evicting the least recently used file when full).
+    /// A failed write keeps nothing: the page is lost, a later miss.
+    void store(std::uint64_t hash, std::uint64_t parent, const std::vector<std::int32_t>& tokens,
+               const page_rows& keys, const page_rows& values) {
+        if (capacity_ == 0 || index_.count(hash)) return;
+        if (count() == capacity_) forget(lru_.begin()->second);
+        sequence_record<Element> record;
+        record.length = static_cast<int>(tokens.size());
+        for (int p = 0; p < record.length; ++p) record.positions.push_back(p);
+        record.tokens = tokens;
+        record.keys = keys;
+        record.values = values;
+        file_header header = header_;
+        header.sequences = 1;
+        const std::string path = path_of(hash), partial = path + ".partial";
+        try {
+            {
+                std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+                require(static_cast<bool>(out), error_code::io_error, "cannot open '", partial, "'");
+                write_file(out, header, std::vector<sequence_record<Element>>{record});
+            }
+            std::filesystem::rename(partial, path);  // a reader never sees half a file
+        } catch (...) {
+            std::error_code ignored;
+            std::filesystem::remove(partial, ignored);
+            return;
+        }
+        entry e{parent, tokens, ++clock_};
+        lru_.insert({e.last_use, hash});
+        index_.emplace(hash, std::move(e));
+        ++counters_.stored;
+        counters_.bytes_written += file_bytes(path);
+    }
+
+    /// Reads a stored page back into keys and values; false, with the entry
+    /// and its file forgotten, when the file is missing, fails its checks or
+    /// holds other tokens.
+    bool load(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count, page_rows& keys,
+              page_rows& values) {
+        if (!contains(hash, parent, tokens, count)) return false;
+        const std::string path = path_of(hash);
+        try {
+            std::ifstream in(path, std::ios::binary);
+            require(static_cast<bool>(in), error_code::io_error, "cannot open '", path, "'");
+            const file_records<Element> records = read_file<Element>(in, header_);
+            require(records.size() == 1, error_code::format_error, "a page file holds one record");
+            const auto r = *records.begin();
+            require(r.length == count && r.present() == count && static_cast<int>(r.tokens.size()) == count &&
+                        std::equal(r.tokens.begin(), r.tokens.end(), tokens),
+                    error_code::format_error, "the page file holds other tokens");
+            keys.assign(header_.layers, {});
+            values.assign(header_.layers, {});
+            for (int l = 0; l < header_.layers; ++l) {
+                keys[l].assign(r.keys(l), r.keys(l) + r.plane);
+                values[l].assign(r.values(l), r.values(l) + r.plane);
+            }
+            counters_.bytes_read += records.file_bytes();
+        } catch (const error&) {
+            ++counters_.damaged;
+            forget(hash);
+            return false;
+        }
+        touch(hash);
+        ++counters_.loaded;
+        return true;
+    }
+
+private:
+    struct entry {
+        std::uint64_t parent;
+        std::vector<std::int32_t> tokens;
+        std::uint64_t last_use;
+    };
+
+    std::string path_of(std::uint64_t hash) const {
+        char name[40];
+        std::snprintf(name, sizeof name, "page-%016llx.kvcache", static_cast<unsigned long long>(hash));
+        return (std::filesystem::path(directory_) / name).string();
+    }
+    static std::uint64_t file_bytes(const std::string& path) {
+        std::error_code failed;
+        const auto bytes = std::filesystem::file_size(path, failed);
+        return failed ? 0 : static_cast<std::uint64_t>(bytes);
+    }
+    void touch(std::uint64_t hash) {
+        entry& e = index_.at(hash);
+        lru_.erase({e.last_use, hash});
+        e.last_use = ++clock_;
+        lru_.insert({e.last_use, hash});
+    }
+    void forget(std::uint64_t hash) {
+        auto found = index_.find(hash);
+        if (found == index_.end()) return;
+        lru_.erase({found->second.last_use, hash});
+        index_.erase(found);
+        std::error_code ignored;
+        std::filesystem::remove(path_of(hash), ignored);
+    }
+    void clear() {
+        while (!index_.empty()) forget(index_.begin()->first);
+        lru_.clear();
+    }
+
+    std::string directory_;
+    int capacity_ = 0;
+    file_header header_;
+    std::unordered_map<std::uint64_t, entry> index_;
+    std::set<std::pair<std::uint64_t, std::uint64_t>> lru_;  // (last use, hash)
+    std::uint64_t clock_ = 0;
+    disk_tier_counters counters_;
+};
+
+}  // namespace detail
+}  // namespace kvcache

@@ -66,7 +66,7 @@ void prefill_chunks(const options& opts, report& out, int prefix, const std::vec
 
 void run_prefill(const options& opts, report& out) {
     const int prefix = opts.quick ? 128 : 1024;
-    const std::vector<int> chunks = opts.quick ? std::vector<int>{16, 64} : std::vector<int>{16, 64, 256, 1024};
+    const std::vector<int> chunks = opts.quick ? std::vector<int>{16, 64} : std::vector<int>{16, 64, 256, 512, 1024};
     prefill_chunks<float>(opts, out, prefix, chunks);
     prefill_chunks<half>(opts, out, prefix, chunks);
 }

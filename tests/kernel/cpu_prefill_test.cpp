@@ -4,6 +4,7 @@
 // keys, inside and outside a window with sinks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -196,4 +197,70 @@ TEST_CASE("explicit query positions: checks name the bad entry") {
     with_positions.query_positions = many_positions;
     CHECK_NOTHROW(cpu_backend{}.prefill(with_positions));
     CHECK_THROWS_AS(cpu_backend{}.prefill(prefill_params(view, seven, many, seven_outputs)), kvcache::error);
+}
+
+namespace {
+
+/// Causal prefill of the last `chunk` tokens and the same tokens at shuffled
+/// explicit positions, against the reference. Lengths are chosen so the
+/// chunk starts inside a key tile (the diagonal tiles are masked in part)
+/// and ends inside a query block (the last block is partial).
+template <class Factory, class Element, class Heads>
+void check_tiling_edges(const context_case& c, unsigned seed) {
+    auto cache = Factory::template make<Element, Heads>(c, seed);
+    const auto view = cache->view();
+    fill_cache(view, seed + 1);
+    query_set q;
+    for (std::size_t b = 0; b < c.lengths.size(); ++b) {
+        for (int t = 0; t < c.chunk[b]; ++t) q.positions.push_back(c.lengths[b] - c.chunk[b] + t);
+        q.offsets.push_back(q.offsets.back() + c.chunk[b]);
+    }
+    const std::size_t rows = q.positions.size() * Heads::query_heads();
+    const auto queries = random_rows<Element>(rows * Heads::head_dim, 3.0f, seed + 2);
+    std::vector<Element> outputs(queries.size(), from_float<Element>(99.0f));
+    std::vector<float> lse(rows, 99.0f);
+    prefill_params implicit(view, queries, q.offsets, outputs);
+    implicit.lse = lse;
+    implicit.options = c.options;
+    cpu_backend{}.prefill(implicit);
+    std::vector<Element> unused;
+    std::vector<float> unused_lse;
+    prefill_params expected_call(view, queries, q.offsets, unused);
+    expected_call.lse = unused_lse;
+    expected_call.options = c.options;
+    compare(outputs, lse, reference_backend{}.prefill_exact(expected_call),
+            std::string("tiling edges, causal, ") + Factory::name + ", " + c.name);
+    // The same positions out of order within each sequence: rows of one
+    // block then sit at scattered positions, each with its own mask.
+    std::mt19937 random(seed + 3);
+    for (std::size_t b = 0; b + 1 < q.offsets.size(); ++b)
+        std::shuffle(q.positions.begin() + q.offsets[b], q.positions.begin() + q.offsets[b + 1], random);
+    cpu_prefill_at(view, queries, q, outputs, lse, c.options);
+    compare(outputs, lse, exact_at(view, queries, q, c.options),
+            std::string("tiling edges, shuffled positions, ") + Factory::name + ", " + c.name);
+}
+
+}  // namespace
+
+TEST_CASE("cpu prefill as tiled products: partial blocks, diagonal tiles, odd groups and dims") {
+    attention_options capped;
+    capped.logits_soft_cap = 4.0f;
+    // 203 keys, the last 77 queried: the chunk starts at 126, two keys before a
+    // 32-key tile boundary; 77 tokens leave a partial last block for every group.
+    const context_case causal{"causal 203/77", {203, 45}, 0, 0, 12, {77, 45}, {}};
+    const context_case windowed{"window 50, 2 sinks", {203}, 50, 2, 16, {77}, capped};
+    // Group 4, dim 128 (the shape of the issue): 16-token blocks, 77 = 4 x 16 + 13.
+    check_tiling_edges<paged_factory, half, head_config<32, 8, 128>>(causal, 500);
+    check_tiling_edges<paged_factory, float, head_config<32, 8, 128>>(causal, 510);
+    // Group 3: 21-token blocks of 63 rows, one padding lane per block.
+    check_tiling_edges<paged_factory, half, head_config<6, 2, 80>>(causal, 520);
+    check_tiling_edges<contiguous_factory, float, head_config<6, 2, 80>>(causal, 530);
+    // Group 5, dim 56: 12-token blocks of 60 rows.
+    check_tiling_edges<paged_factory, half, head_config<10, 2, 56>>(causal, 540);
+    // Group 1 and group 8: 64 tokens of 1 row, 8 tokens of 8 rows per block.
+    check_tiling_edges<contiguous_factory, half, head_config<2, 2, 64>>(causal, 550);
+    check_tiling_edges<paged_factory, float, head_config<8, 1, 32>>(causal, 560);
+    // A window with sinks cuts tiles on both sides of the rows; soft cap on.
+    check_tiling_edges<sliding_window_factory, half, head_config<32, 8, 128>>(windowed, 570);
+    check_tiling_edges<paged_factory, float, head_config<6, 2, 80>>(windowed, 580);
 }

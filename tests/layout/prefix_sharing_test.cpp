@@ -191,6 +191,9 @@ struct recording_memory : kvcache::host_memory {
     static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
         kvcache::host_memory::copy_from_host(destination, source, bytes);
     }
+    static void copy_to_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
+        kvcache::host_memory::copy_to_host(destination, source, bytes);
+    }
 };
 }  // namespace
 

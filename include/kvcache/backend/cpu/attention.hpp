@@ -1,7 +1,8 @@
 // CPU decode and prefill attention over any layout view in host memory:
 // threads across (sequence, KV head[, key split | query block]), each work
-// item streaming its KV head once for all the query rows that use it, on the
-// tiled kernel of tile_attention.hpp.
+// item streaming its KV head once for all the query rows that use it: decode
+// on the tiled kernel of tile_attention.hpp, prefill on the tiled matrix
+// products of prefill_tiles.hpp.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/merge_states.hpp"
+#include "kvcache/backend/cpu/prefill_tiles.hpp"
 #include "kvcache/backend/cpu/thread_pool.hpp"
 #include "kvcache/backend/cpu/tile_attention.hpp"
 #include "kvcache/core/element.hpp"
@@ -84,8 +86,10 @@ void decode(const Layout& view, const Query* queries, Query* outputs, float* lse
     merge_rows(splits, int(rows), dim, partial.data(), partial_lse.data(), outputs, lse);
 }
 
-/// Query tokens of one prefill work item (times the GQA group: its rows).
-inline constexpr int prefill_block_tokens = 16;
+/// Query tokens of one prefill work item (times the GQA group: its rows)
+/// for a group of `group` query heads: as many as fill the product
+/// kernels' rows (prefill_block_rows), at least one.
+inline int prefill_block_tokens(int group) noexcept { return std::max(1, prefill_block_rows / group); }
 
 /// Prefill attention: query token t of sequence b is at position
 /// query_positions[query_offsets[b] + t] when query_positions is not null
@@ -111,10 +115,11 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
     };
     struct work_item { int sequence, kv_head, first_token, tokens, keys; };
     std::vector<work_item> work;
+    const int block_tokens = prefill_block_tokens(group);
     for (int b = 0; b < batch; ++b) {
         const int tokens = query_offsets[b + 1] - query_offsets[b];
-        for (int t = 0; t < tokens; t += prefill_block_tokens) {
-            const int n = std::min(prefill_block_tokens, tokens - t);
+        for (int t = 0; t < tokens; t += block_tokens) {
+            const int n = std::min(block_tokens, tokens - t);
             int last = 0;
             for (int i = t; i < t + n; ++i) last = std::max(last, position_of(b, i));
             const int keys = last < view.length(b) ? last + 1 : view.length(b);  // most keys the block may see
@@ -126,7 +131,7 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
     thread_pool::instance().parallel_for(int(work.size()), [&](int index) {
         const work_item item = work[index];
         const int b = item.sequence;
-        tile_attention<dim> rows(item.tokens * group);
+        prefill_block<dim> rows(item.tokens * group);
         auto row_of = [&](int t, int g) {
             return std::size_t(query_offsets[b] + item.first_token + t) * view.query_heads() +
                    std::size_t(item.kv_head) * group + g;

@@ -1,0 +1,428 @@
+// Prefill attention as tiled matrix products: a block of query rows (query
+// tokens x the GQA group, all on one KV head) against a tile of keys. The
+// rows lie in vector lanes (queries, scores and outputs stored transposed,
+// [dim][rows]), so S = Q K^T and O += P V are register-blocked outer-product
+// kernels (a key or value element broadcast against a vector of rows, FMA
+// over the head dimension) and the online softmax runs lane-wise over rows
+// with no horizontal reductions. A binary16 tile is widened to float once
+// for all the block's rows. Decode keeps tile_attention.hpp: one token's few
+// rows would leave most lanes empty here.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "kvcache/backend/cpu/isa.hpp"
+#include "kvcache/backend/cpu/key_tiles.hpp"
+#include "kvcache/backend/cpu/row_math.hpp"
+#include "kvcache/backend/cpu/simd.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/kernels/softmax_math.hpp"
+#include "kvcache/layout/layout_interface.hpp"
+
+namespace kvcache {
+namespace cpu {
+namespace detail {
+inline namespace KVCACHE_CPU_ISA_NAMESPACE {
+
+/// The vector of rows the prefill kernels use: one row per lane.
+#if KVCACHE_CPU_AVX512
+using row_vector = float16;
+#else
+using row_vector = float8;
+#endif
+
+/// Accumulator registers a product kernel may hold: with 16 registers, 12
+/// accumulators leave 3 row vectors and a broadcast; fewer leave the FMA
+/// units waiting on their latency (measured: 8 ran no faster than the
+/// row-by-row kernel of tile_attention.hpp).
+inline constexpr int product_accumulators = vector_registers == 32 ? 16 : 12;
+
+/// Row vectors one kernel call covers (4 x 16 rows on AVX-512, 3 x 8 otherwise).
+inline constexpr int max_row_vectors = vector_registers == 32 ? 4 : 3;
+
+/// Query rows a prefill block aims at: several kernel passes' worth, so each
+/// widened tile and its masks serve many rows (96 with AVX2, 128 with AVX-512,
+/// whose transposed queries and outputs then still fit in L2).
+inline constexpr int prefill_block_rows = (vector_registers == 32 ? 2 : 4) * max_row_vectors * row_vector::lanes;
+
+/// The largest of 8, 4, 2, 1 that is at most `budget` and divides n.
+constexpr int dividing_step(int budget, int n) {
+    for (int step = 8; step > 1; step /= 2)
+        if (step <= budget && n % step == 0) return step;
+    return 1;
+}
+
+/// x[i] = exp(x[i]) for x[i] <= 0 and n a multiple of row_vector::lanes:
+/// exp_non_positive's polynomial (0 below -87) in vector registers, since
+/// g++ leaves that loop scalar and the softmax would cost as much as a product.
+inline void exp_rows(float* x, int n) noexcept {
+#if KVCACHE_CPU_AVX2_FMA
+    constexpr float magic = 12582912.0f;          // 1.5 * 2^23: adding it rounds to an integer
+    constexpr int exponent_shift = 0x4b400000 - 127;  // magic's bits less the exponent bias
+#if KVCACHE_CPU_AVX512
+    using reg = __m512;
+#define KVCACHE_EXP_OP(name) _mm512_##name
+#define KVCACHE_EXP_BITS(x) _mm512_castps_si512(x)
+#define KVCACHE_EXP_FLOATS(x) _mm512_castsi512_ps(x)
+    // The maskz forms: g++ 12 warns (-Werror) that the unmasked ones' undefined source may be used.
+#define KVCACHE_EXP_CLAMP(x, low, high) _mm512_maskz_min_ps(0xffff, _mm512_maskz_max_ps(0xffff, x, low), high)
+#define KVCACHE_EXP_SHIFT(x) _mm512_maskz_slli_epi32(0xffff, x, 23)
+#else
+    using reg = __m256;
+#define KVCACHE_EXP_OP(name) _mm256_##name
+#define KVCACHE_EXP_BITS(x) _mm256_castps_si256(x)
+#define KVCACHE_EXP_FLOATS(x) _mm256_castsi256_ps(x)
+#define KVCACHE_EXP_CLAMP(x, low, high) _mm256_min_ps(_mm256_max_ps(x, low), high)
+#define KVCACHE_EXP_SHIFT(x) _mm256_slli_epi32(x, 23)
+#endif
+    const reg lowest = KVCACHE_EXP_OP(set1_ps)(-87.0f), zero = KVCACHE_EXP_OP(setzero_ps)();
+    const reg magic_v = KVCACHE_EXP_OP(set1_ps)(magic), one = KVCACHE_EXP_OP(set1_ps)(1.0f);
+    constexpr int lanes = int(sizeof(reg) / sizeof(float));
+    for (int i = 0; i < n; i += lanes) {
+        const reg input = KVCACHE_EXP_OP(loadu_ps)(x + i);
+        const reg clamped = KVCACHE_EXP_CLAMP(input, lowest, zero);
+        const reg rounded =
+            KVCACHE_EXP_OP(fmadd_ps)(clamped, KVCACHE_EXP_OP(set1_ps)(1.44269504088896341f), magic_v);
+        const reg k = KVCACHE_EXP_OP(sub_ps)(rounded, magic_v);
+        reg r = KVCACHE_EXP_OP(fnmadd_ps)(k, KVCACHE_EXP_OP(set1_ps)(0.693359375f), clamped);
+        r = KVCACHE_EXP_OP(fnmadd_ps)(k, KVCACHE_EXP_OP(set1_ps)(-2.12194440e-4f), r);
+        reg p = KVCACHE_EXP_OP(set1_ps)(1.9875691500e-4f);
+        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(1.3981999507e-3f));
+        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(8.3334519073e-3f));
+        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(4.1665795894e-2f));
+        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(1.6666665459e-1f));
+        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(5.0000001201e-1f));
+        const reg y = KVCACHE_EXP_OP(add_ps)(KVCACHE_EXP_OP(fmadd_ps)(p, KVCACHE_EXP_OP(mul_ps)(r, r), r), one);
+        // 2^k, k in [-126, 0]: k's bits sit at the bottom of rounded's mantissa.
+        const auto scale_bits = KVCACHE_EXP_SHIFT(
+            KVCACHE_EXP_OP(sub_epi32)(KVCACHE_EXP_BITS(rounded), KVCACHE_EXP_OP(set1_epi32)(exponent_shift)));
+        const reg result = KVCACHE_EXP_OP(mul_ps)(y, KVCACHE_EXP_FLOATS(scale_bits));
+#if KVCACHE_CPU_AVX512
+        const reg kept = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(input, lowest, _CMP_GE_OQ), result);
+#else
+        const reg kept = _mm256_and_ps(result, _mm256_cmp_ps(input, lowest, _CMP_GE_OQ));
+#endif
+        KVCACHE_EXP_OP(storeu_ps)(x + i, kept);
+    }
+#undef KVCACHE_EXP_OP
+#undef KVCACHE_EXP_BITS
+#undef KVCACHE_EXP_FLOATS
+#undef KVCACHE_EXP_CLAMP
+#undef KVCACHE_EXP_SHIFT
+#else
+    exp_non_positive(x, n);
+#endif
+}
+
+/// Keeps a loaded vector in a register: g++ otherwise folds each of its
+/// uses into an FMA as a memory operand, which makes the product kernels
+/// wait on loads instead of FMAs.
+template <class Vec>
+inline void keep_in_register(Vec& x) noexcept {
+#if KVCACHE_CPU_AVX512 && defined(__GNUC__)
+    asm("" : "+v"(x.v));
+#elif KVCACHE_CPU_AVX2_FMA && defined(__GNUC__)
+    asm("" : "+x"(x.v));
+#else
+    (void)x;
+#endif
+}
+
+/// scores[t][rows] = sum_d queries[d][rows] * keys[t][d] for Keys keys and
+/// Vectors row vectors; stride is the row count of the transposed arrays.
+template <int Vectors, int Keys, int Dim>
+void score_step(const float* queries, std::size_t stride, const float* const* keys, float* scores) {
+    using vec = row_vector;
+    vec accumulators[Keys][Vectors];
+    for (int j = 0; j < Keys; ++j)
+        for (int v = 0; v < Vectors; ++v) accumulators[j][v] = vec::zero();
+    for (int d = 0; d < Dim; ++d) {
+        vec q[Vectors];
+        for (int v = 0; v < Vectors; ++v) {
+            q[v] = vec::load(queries + d * stride + v * vec::lanes);
+            keep_in_register(q[v]);
+        }
+        for (int j = 0; j < Keys; ++j) {
+            const vec k = vec::broadcast(keys[j][d]);
+            for (int v = 0; v < Vectors; ++v) accumulators[j][v] = fma(q[v], k, accumulators[j][v]);
+        }
+    }
+    for (int j = 0; j < Keys; ++j)
+        for (int v = 0; v < Vectors; ++v) accumulators[j][v].store(scores + j * stride + v * vec::lanes);
+}
+
+/// Scores of Vectors row vectors against the first `count` keys.
+template <int Vectors, int Dim>
+void score_rows(const float* queries, std::size_t stride, const float* const* keys, int count, float* scores) {
+    constexpr int step = std::min(8, product_accumulators / Vectors);
+    int t = 0;
+    for (; t + step <= count; t += step) score_step<Vectors, step, Dim>(queries, stride, keys + t, scores + t * stride);
+    for (; t < count; ++t) score_step<Vectors, 1, Dim>(queries, stride, keys + t, scores + t * stride);
+}
+
+/// outputs[d][rows] = outputs[d][rows] * rescale[rows] + sum_t weights[t][rows] * values[t][d]
+/// for Vectors row vectors over the first `count` keys.
+template <int Vectors, int Dim>
+void value_rows(const float* weights, std::size_t stride, const float* rescale, const float* const* values, int count,
+                float* outputs) {
+    using vec = row_vector;
+    constexpr int step = dividing_step(product_accumulators / Vectors, Dim);  // dims per pass
+    vec factor[Vectors];
+    for (int v = 0; v < Vectors; ++v) factor[v] = vec::load(rescale + v * vec::lanes);
+    for (int d = 0; d < Dim; d += step) {
+        vec sums[step][Vectors];
+        for (int i = 0; i < step; ++i)
+            for (int v = 0; v < Vectors; ++v)
+                sums[i][v] = vec::load(outputs + (d + i) * stride + v * vec::lanes) * factor[v];
+        for (int t = 0; t < count; ++t) {
+            vec p[Vectors];
+            for (int v = 0; v < Vectors; ++v) {
+                p[v] = vec::load(weights + t * stride + v * vec::lanes);
+                keep_in_register(p[v]);
+            }
+            for (int i = 0; i < step; ++i) {
+                const vec x = vec::broadcast(values[t][d + i]);
+                for (int v = 0; v < Vectors; ++v) sums[i][v] = fma(p[v], x, sums[i][v]);
+            }
+        }
+        for (int i = 0; i < step; ++i)
+            for (int v = 0; v < Vectors; ++v) sums[i][v].store(outputs + (d + i) * stride + v * vec::lanes);
+    }
+}
+
+/// Calls f with std::integral_constant<int, n> for n in 1..max_row_vectors.
+template <class F>
+void with_row_vectors(int n, F&& f) {
+    if constexpr (max_row_vectors == 4) {
+        switch (n) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        case 3: f(std::integral_constant<int, 3>{}); break;
+        default: f(std::integral_constant<int, 4>{}); break;
+        }
+    } else {
+        switch (n) {
+        case 1: f(std::integral_constant<int, 1>{}); break;
+        case 2: f(std::integral_constant<int, 2>{}); break;
+        default: f(std::integral_constant<int, 3>{}); break;
+        }
+    }
+}
+
+/// The online-softmax state of `rows` query rows of head dimension Dim
+/// sharing one KV head, kept transposed (rows in lanes), and the loop that
+/// folds that head's keys into them as tiled products.
+/// @tparam Dim head dimension
+template <int Dim>
+class prefill_block {
+public:
+    explicit prefill_block(int rows)
+        : rows_(rows),
+          stride_(std::size_t(rows + row_vector::lanes - 1) / row_vector::lanes * row_vector::lanes),
+          queries_(stride_ * Dim, 0.0f), outputs_(stride_ * Dim, 0.0f), scores_(stride_ * tile_keys),
+          state_(stride_ * 5), positions_(rows), masks_(std::size_t(rows) * (prefetch_tiles + 1)) {
+        std::fill(running_max(), running_max() + stride_, kvcache::detail::negative_infinity());
+        std::fill(running_sum(), running_sum() + stride_, 0.0f);
+    }
+
+    /// Loads query row r, multiplied by the softmax scale, at logical position `position`.
+    /// @tparam Query float or kvcache::half
+    template <class Query>
+    void load(int r, const Query* query, float scale, int position) {
+        for (int d = 0; d < Dim; ++d) queries_[d * stride_ + r] = to_float(query[d]) * scale;
+        positions_[r] = position;
+    }
+
+    /// Folds the visible keys [begin, end) of (sequence, kv_head) into every
+    /// row; a row sees a key when view.visibility() allows it at the row's
+    /// position. Tiles no row sees are neither fetched nor computed, and the
+    /// walk ends at the first key past every row's position.
+    /// @tparam Layout a layout view over host memory
+    template <class Layout>
+    void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap) {
+        using element = typename Layout::element_type;
+        constexpr int ring = prefetch_tiles + 1;
+        const attention_visibility visibility = view.visibility();
+        const int last_position = *std::max_element(positions_.begin(), positions_.end());
+        tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, last_position);
+        auto next_seen = [&](key_tile<element>& tile, std::uint32_t* masks) {
+            while (cursor.fill(tile))
+                if (visibility_masks(tile, visibility, masks)) return true;
+            return false;
+        };
+        // A ring of tiles: the one computed now and the ones whose rows were
+        // asked of memory ahead of it, as in tile_attention.
+        key_tile<element> tiles[ring];
+        int filled = 0;
+        while (filled < ring && next_seen(tiles[filled], slot_masks(filled))) {
+            if (filled > 0) prefetch_tile<Dim>(tiles[filled]);
+            ++filled;
+        }
+        for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
+            fold(tiles[current], slot_masks(current), soft_cap);
+            if (filled == ring && next_seen(tiles[current], slot_masks(current))) {
+                prefetch_tile<Dim>(tiles[current]);
+                ++filled;
+            }
+        }
+    }
+
+    /// Writes row r normalised (zeros when it saw no key) and, when lse is
+    /// not null, its log-sum-exp (-inf when it saw no key).
+    /// @tparam Output float or kvcache::half
+    template <class Output>
+    void store(int r, Output* output, float* lse) const {
+        const float sum = state_[stride_ + r];
+        const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(outputs_[d * stride_ + r] * inverse);
+        if (lse) *lse = kvcache::detail::log_sum_exp(state_[r], sum);
+    }
+
+private:
+    // state_: running max, running sum, rescale, the tile's max and its sum, [stride_] each.
+    float* running_max() noexcept { return state_.data(); }
+    float* running_sum() noexcept { return state_.data() + stride_; }
+    float* rescale() noexcept { return state_.data() + 2 * stride_; }
+    float* tile_max() noexcept { return state_.data() + 3 * stride_; }
+    float* tile_sum() noexcept { return state_.data() + 4 * stride_; }
+    std::uint32_t* slot_masks(int slot) noexcept { return masks_.data() + std::size_t(slot) * rows_; }
+
+    /// Bit t of masks[r]: row r sees key t of the tile. True when any row sees any key.
+    template <class Element>
+    bool visibility_masks(const key_tile<Element>& tile, const attention_visibility& visibility,
+                          std::uint32_t* masks) const {
+        std::uint32_t any = 0;
+        for (int r = 0; r < rows_; ++r) {
+            if (r > 0 && positions_[r] == positions_[r - 1]) {  // the rows of one token (a GQA group) share it
+                masks[r] = masks[r - 1];
+                continue;
+            }
+            std::uint32_t mask = 0;
+            for (int t = 0; t < tile.count; ++t)
+                mask |= std::uint32_t(visibility.allows(positions_[r], tile.positions[t])) << t;
+            masks[r] = mask;
+            any |= mask;
+        }
+        return any != 0;
+    }
+
+    /// Float row pointers of the tile's keys and values: a binary16 tile is
+    /// widened once here, for every row of the block.
+    template <class Element>
+    void float_rows(const key_tile<Element>& tile, const float** keys, const float** values) {
+        if constexpr (std::is_same_v<Element, float>) {
+            for (int t = 0; t < tile.count; ++t) {
+                keys[t] = tile.keys[t];
+                values[t] = tile.values[t];
+            }
+        } else {
+            using vec = typename vector_for<Dim % 8 == 0 ? Dim : 8>::type;
+            if (widened_.empty()) widened_.resize(std::size_t(2) * tile_keys * Dim);
+            for (int t = 0; t < tile.count; ++t) {
+                float* key = widened_.data() + std::size_t(t) * Dim;
+                float* value = key + std::size_t(tile_keys) * Dim;
+                if constexpr (Dim % 8 == 0) {
+                    for (int d = 0; d < Dim; d += vec::lanes) {
+                        vec::load(tile.keys[t] + d).store(key + d);
+                        vec::load(tile.values[t] + d).store(value + d);
+                    }
+                } else {
+                    widen(tile.keys[t], key, Dim);
+                    widen(tile.values[t], value, Dim);
+                }
+                keys[t] = key;
+                values[t] = value;
+            }
+        }
+    }
+
+    /// One tile into every row: S = Q K^T, the mask and soft cap, the
+    /// online-softmax update lane-wise over rows, then O = O * rescale + P V.
+    template <class Element>
+    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap) {
+        const float minus_infinity = kvcache::detail::negative_infinity();
+        const int count = tile.count;
+        const float* keys[tile_keys];
+        const float* values[tile_keys];
+        float_rows(tile, keys, values);
+        const std::size_t stride = stride_;
+        float* const scores = scores_.data();
+        constexpr int chunk_rows = max_row_vectors * row_vector::lanes;
+        for (std::size_t r0 = 0; r0 < stride; r0 += chunk_rows) {
+            const int vectors = int(std::min<std::size_t>(chunk_rows, stride - r0) / row_vector::lanes);
+            with_row_vectors(vectors, [&](auto n) {
+                score_rows<decltype(n)::value, Dim>(queries_.data() + r0, stride, keys, count, scores + r0);
+            });
+        }
+        if (soft_cap > 0.0f)
+            for (int t = 0; t < count; ++t)
+                for (int r = 0; r < rows_; ++r)
+                    scores[t * stride + r] = kvcache::detail::apply_soft_cap(scores[t * stride + r], soft_cap);
+        // Only tiles some row sees in part (the causal diagonal, a window's
+        // edge) are masked; the padding rows past rows_ are never read back.
+        const std::uint32_t full = count == 32 ? ~0u : (1u << count) - 1u;
+        for (int r = 0; r < rows_; ++r) {
+            const std::uint32_t mask = masks[r];
+            if (mask == full) continue;
+            for (int t = 0; t < count; ++t)
+                if (!((mask >> t) & 1u)) scores[t * stride + r] = minus_infinity;
+        }
+        // The softmax, lane-wise over rows: loops g++ vectorises without intrinsics.
+        float* const old_max = running_max();
+        float* const new_max = tile_max();
+        float* const factor = rescale();
+        float* const added = tile_sum();
+        std::copy(old_max, old_max + stride, new_max);
+        for (int t = 0; t < count; ++t) {
+            const float* row = scores + t * stride;
+            for (std::size_t r = 0; r < stride; ++r) new_max[r] = new_max[r] < row[r] ? row[r] : new_max[r];
+        }
+        // A row that has seen nothing yet keeps max -inf; subtracting 0 instead
+        // keeps its exps at 0 rather than exp(-inf + inf) = NaN.
+        for (std::size_t r = 0; r < stride; ++r) {
+            const float base = new_max[r] == minus_infinity ? 0.0f : new_max[r];
+            factor[r] = old_max[r] - base;
+            old_max[r] = new_max[r];
+            new_max[r] = base;
+        }
+        exp_rows(factor, int(stride));
+        for (int t = 0; t < count; ++t) {
+            float* row = scores + t * stride;
+            for (std::size_t r = 0; r < stride; ++r) row[r] -= new_max[r];
+        }
+        exp_rows(scores, int(count * stride));
+        std::fill(added, added + stride, 0.0f);
+        for (int t = 0; t < count; ++t) {
+            const float* row = scores + t * stride;
+            for (std::size_t r = 0; r < stride; ++r) added[r] += row[r];
+        }
+        float* const sum = running_sum();
+        for (std::size_t r = 0; r < stride; ++r) sum[r] = sum[r] * factor[r] + added[r];
+        for (std::size_t r0 = 0; r0 < stride; r0 += chunk_rows) {
+            const int vectors = int(std::min<std::size_t>(chunk_rows, stride - r0) / row_vector::lanes);
+            with_row_vectors(vectors, [&](auto n) {
+                value_rows<decltype(n)::value, Dim>(scores + r0, stride, factor + r0, values, count,
+                                                    outputs_.data() + r0);
+            });
+        }
+    }
+
+    int rows_;
+    std::size_t stride_;               ///< rows_ rounded up to whole row vectors
+    std::vector<float> queries_;       ///< [Dim][stride_], scaled
+    std::vector<float> outputs_;       ///< [Dim][stride_], unnormalised
+    std::vector<float> scores_;        ///< [tile_keys][stride_]: scores, then weights
+    std::vector<float> state_;         ///< see running_max()
+    std::vector<int> positions_;       ///< [rows_]
+    std::vector<std::uint32_t> masks_; ///< [ring slot][rows_]
+    std::vector<float> widened_;       ///< [2][tile_keys][Dim] float copies of a binary16 tile's K and V rows
+};
+
+}  // namespace KVCACHE_CPU_ISA_NAMESPACE
+}  // namespace detail
+}  // namespace cpu
+}  // namespace kvcache

@@ -1,0 +1,4 @@
+// Compiled against the branch's headers.
+#include "unit_body.hpp"
+void prefill_new(const bench_view_f32& v, const std::vector<float>& q, const std::vector<int>& o, std::vector<float>& out) { run(v, q, o, out); }
+void prefill_new(const bench_view_f16& v, const std::vector<float>& q, const std::vector<int>& o, std::vector<float>& out) { run(v, q, o, out); }

@@ -255,11 +255,11 @@ bool cascade(Cache& cache, kvcache::sequence_id root, const std::vector<kvcache:
 
     // K/V bytes read, counted from the lengths: per-request attention streams prompt + suffix
     // of every request; the CPU prefill streams a KV head's rows once per block of
-    // prefill_block_tokens query tokens, so the prompt is read once per block of the batch's queries.
+    // prefill_block_tokens(group) query tokens, so the prompt is read once per block of the batch's queries.
     const double row_bytes = 2.0 * heads::kv_heads() * heads::head_dim * sizeof(element);  // K and V
     long suffix_total = 0;
     for (int n : suffix_lengths) suffix_total += n;
-    const int block = kvcache::cpu::detail::prefill_block_tokens;
+    const int block = kvcache::cpu::detail::prefill_block_tokens(heads::group_size());
     const int blocks = (R + block - 1) / block;
     const double plain_bytes = s.layers * row_bytes * (double(R) * prefix + suffix_total);
     const double cascade_bytes = s.layers * row_bytes * (double(blocks) * prefix + suffix_total);

@@ -44,6 +44,9 @@ std::string snapshot(const Cache& cache) {
         const auto s = cache.statistics();
         out << "|" << s.pages_used << "," << s.pages_free << "," << s.pages_cached << "," << s.pages_evictable << ","
             << s.evictions << "," << s.copies;
+        out << "|tiers " << s.host_pages_used << "," << s.host_pages_cached << "," << s.sequences_swapped_out << ","
+            << s.disk_pages_used;
+        for (auto id : cache.sequences()) out << (cache.swapped_out(id) ? "s" : "r");
         for (auto id : cache.sequences())
             for (int p : cache.pages(id)) out << ";" << p << "x" << cache.page_references(p);
     }

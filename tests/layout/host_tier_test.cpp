@@ -237,14 +237,19 @@ TEST_CASE("a tier or a pool too small refuses with nothing changed") {
     check_rows(cache, a, tokens_from(3, 9));
 }
 
+namespace {
+std::string fresh_directory(const std::string& name);
+}  // namespace
+
 TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a model of every sequence") {
-    std::uint64_t host_hits = 0;
+    std::uint64_t host_hits = 0, disk_writes = 0;
     for (const unsigned seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
         INFO("seed " << seed);
         std::mt19937 random(seed);
         const auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(random); };
         cache_type cache(layers, 14, page, true);
         cache.attach_host_tier(10);
+        cache.attach_disk_tier(fresh_directory("random_" + std::to_string(seed)), 6);
         std::map<kvcache::sequence_id, std::vector<std::int32_t>> model;
         const std::vector<std::vector<std::int32_t>> prompts = {tokens_from(1000, 9), tokens_from(2000, 5),
                                                                 tokens_from(1000, 4)};
@@ -339,6 +344,7 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
         const auto run = cache.statistics();
         CHECK(run.pages_spilled > 0);  // evicted prefix pages went to the tier
         host_hits += run.host_prefix_hit_pages;
+        disk_writes += run.pages_written_to_disk;
         // Everything back, then everything removed: both tiers are empty again.
         for (auto& entry : model)
             if (cache.swapped_out(entry.first)) {
@@ -352,7 +358,8 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
         CHECK(st.host_pages_used == 0);
         CHECK(st.pages_used == 0);
     }
-    CHECK(host_hits > 0);  // some later requests found their prefix in the tier
+    CHECK(host_hits > 0);    // some later requests found their prefix in the tier
+    CHECK(disk_writes > 0);  // and the tier overflowed to disk at times
 }
 
 TEST_CASE("cached prefix pages the pool evicts spill to the host tier, and a match brings them back") {

@@ -419,6 +419,7 @@ namespace {
 std::string fresh_directory(const std::string& name) {
     const auto path = std::filesystem::temp_directory_path() / ("kvcache_host_tier_test_" + name);
     std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
     return path.string();
 }
 
@@ -442,6 +443,8 @@ TEST_CASE("the host tier's evicted spilled pages go to disk files, and a match r
         cache_type cache(layers, 4, page, true);
         cache.attach_host_tier(4);
         CHECK_THROWS_AS(cache_type(layers, 4, page).attach_disk_tier(directory, 4), kvcache::error);  // no host tier
+        CHECK_THROWS_WITH_AS(cache.attach_disk_tier(directory + "/missing", 4),
+                             doctest::Contains("is not a writable directory (it must exist)"), kvcache::error);
         cache.attach_disk_tier(directory, 8);
         const auto prompts = fill_through_tiers(cache);  // prompt 0: disk, prompt 1: host, prompt 2: pool
         auto st = cache.statistics();

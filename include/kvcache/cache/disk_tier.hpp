@@ -4,15 +4,15 @@
 // record of page_size positions holding the page's token ids and rows, under
 // the cache's own header and checksum. A file that is missing, damaged or
 // holds other tokens is a miss (the page is recomputed), never wrong rows.
+// Only <cstdio> and <fstream> touch the file system, so the umbrella header
+// does not pay for <filesystem>.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
-#include <system_error>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -42,14 +42,15 @@ public:
 
     disk_tier() = default;
 
-    /// A tier in `directory` (created if missing; io_error naming it when it
-    /// cannot be) for pages of a cache whose file header is `header`.
+    /// A tier in `directory`, which must exist and be writable (io_error
+    /// naming it otherwise), for pages of a cache whose file header is `header`.
     disk_tier(std::string directory, int pages, const file_header& header)
         : directory_(std::move(directory)), capacity_(pages), header_(header) {
-        std::error_code failed;
-        std::filesystem::create_directories(directory_, failed);
-        require(!failed && std::filesystem::is_directory(directory_), error_code::io_error, "disk tier directory '",
-                directory_, "' cannot be created: ", failed.message());
+        const std::string probe = directory_ + "/.kvcache-disk-tier-probe";
+        const bool writable = static_cast<bool>(std::ofstream(probe, std::ios::binary | std::ios::trunc));
+        std::remove(probe.c_str());
+        require(writable, error_code::io_error, "disk tier directory '", directory_,
+                "' is not a writable directory (it must exist)");
     }
     disk_tier(disk_tier&&) noexcept = default;
     disk_tier& operator=(disk_tier&& other) noexcept {
@@ -101,23 +102,26 @@ public:
         file_header header = header_;
         header.sequences = 1;
         const std::string path = path_of(hash), partial = path + ".partial";
+        std::uint64_t bytes = 0;
         try {
             {
                 std::ofstream out(partial, std::ios::binary | std::ios::trunc);
                 require(static_cast<bool>(out), error_code::io_error, "cannot open '", partial, "'");
                 write_file(out, header, std::vector<sequence_record<Element>>{record});
+                bytes = static_cast<std::uint64_t>(out.tellp());
             }
-            std::filesystem::rename(partial, path);  // a reader never sees half a file
+            // A reader never sees half a file.
+            require(std::rename(partial.c_str(), path.c_str()) == 0, error_code::io_error, "cannot rename '", partial,
+                    "'");
         } catch (...) {
-            std::error_code ignored;
-            std::filesystem::remove(partial, ignored);
+            std::remove(partial.c_str());
             return;
         }
         entry e{parent, tokens, ++clock_};
         lru_.insert({e.last_use, hash});
         index_.emplace(hash, std::move(e));
         ++counters_.stored;
-        counters_.bytes_written += file_bytes(path);
+        counters_.bytes_written += bytes;
     }
 
     /// Reads a stored page back into keys and values; false, with the entry
@@ -163,12 +167,7 @@ private:
     std::string path_of(std::uint64_t hash) const {
         char name[40];
         std::snprintf(name, sizeof name, "page-%016llx.kvcache", static_cast<unsigned long long>(hash));
-        return (std::filesystem::path(directory_) / name).string();
-    }
-    static std::uint64_t file_bytes(const std::string& path) {
-        std::error_code failed;
-        const auto bytes = std::filesystem::file_size(path, failed);
-        return failed ? 0 : static_cast<std::uint64_t>(bytes);
+        return directory_ + "/" + name;
     }
     void touch(std::uint64_t hash) {
         entry& e = index_.at(hash);
@@ -181,8 +180,7 @@ private:
         if (found == index_.end()) return;
         lru_.erase({found->second.last_use, hash});
         index_.erase(found);
-        std::error_code ignored;
-        std::filesystem::remove(path_of(hash), ignored);
+        std::remove(path_of(hash).c_str());
     }
     void clear() {
         while (!index_.empty()) forget(index_.begin()->first);

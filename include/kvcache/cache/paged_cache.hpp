@@ -304,11 +304,11 @@ public:
         tier_ = detail::host_tier<Element, Memory>(layers_, pages, page_elements(), pool_.size());
     }
     /// Gives the host tier a disk tier below it: up to `pages` spilled prefix
-    /// pages the host tier evicts are written to files in `directory`
-    /// (created if missing), one cache file per page, and match_prefix reads
-    /// them back. A file that is missing, damaged or holds other tokens is a
-    /// miss. The files are deleted with the tier. invalid_argument without a
-    /// host tier; io_error when the directory cannot be created.
+    /// pages the host tier evicts are written to files in `directory` (which
+    /// must exist), one cache file per page, and match_prefix reads them
+    /// back. A file that is missing, damaged or holds other tokens is a miss.
+    /// The files are deleted with the tier. invalid_argument without a host
+    /// tier; io_error when the directory is missing or not writable.
     void attach_disk_tier(const std::string& directory, int pages) {
         require(tier_.size() > 0, error_code::invalid_argument,
                 "a disk tier sits below the host tier: attach_host_tier(pages) first");

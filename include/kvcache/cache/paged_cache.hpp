@@ -370,7 +370,8 @@ public:
     /// page table is rewritten). A host page shared by several swapped
     /// sequences comes back as one shared page, and one whose pool copy is
     /// still held (by a fork, or the prefix cache) is not copied. Copies are
-    /// ordered on stream. invalid_argument when the sequence is not swapped
+    /// ordered on stream, and swap_in waits for them before it returns (the
+    /// host pages they read may be reused at once). invalid_argument when the sequence is not swapped
     /// out; capacity_exceeded, with nothing changed, when the pool is short
     /// even after evicting cached pages.
     void swap_in(sequence_id id, typename Memory::stream_type stream = {}) {
@@ -400,6 +401,9 @@ public:
             tier_.link(pages[i], s.host_pages[i]);
             ++swapped_in_pages_;
         }
+        // The host pages may be reused (a spill, another swap) once released:
+        // the copies out of them must be done first.
+        Memory::synchronize(stream);
         for (int host : s.host_pages) tier_.release(host);
         s.host_pages.clear();
         s.pages = std::move(pages);

@@ -162,6 +162,8 @@ struct device_memory {
     /// Waits for every copy issued on any stream: what a host read of the
     /// host tier does, since the swap that filled it may still be in flight.
     static void synchronize() { KVCACHE_CUDA_CHECK(cudaDeviceSynchronize()); }
+    /// Waits for the work issued on one stream.
+    static void synchronize(stream_type stream) { KVCACHE_CUDA_CHECK(cudaStreamSynchronize(stream)); }
     /// copy_within ordered on the stream: what a plan's copy on write uses,
     /// so a step's copies, uploads and kernels all run on the caller's stream.
     static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type stream) {

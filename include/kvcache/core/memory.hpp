@@ -129,6 +129,8 @@ struct host_memory {
     }
     /// Waits for every copy issued on any stream (for host memory: nothing to wait for).
     static void synchronize() noexcept {}
+    /// Waits for the copies issued on one stream (for host memory: nothing to wait for).
+    static void synchronize(stream_type) noexcept {}
     /// copy_within ordered on a stream (for host memory: done on return).
     static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type) {
         copy_within(destination, source, bytes);

@@ -2,6 +2,7 @@
 // configurations, spans and memory.
 #pragma once
 
+#include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/device_memory.hpp"
 #include "kvcache/core/element.hpp"

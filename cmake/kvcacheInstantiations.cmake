@@ -4,7 +4,7 @@
 #   kvcache_add_cuda_instantiations(<target>
 #       CONFIGURATIONS <layout>:<element>:<query heads>:<kv heads>:<head dim> ...)
 #
-# layout: contiguous | paged | sliding_window; element: fp32 | fp16; a head
+# layout: contiguous | paged | sliding_window; element: fp32 | fp16 | bf16; a head
 # count may be "dynamic" (kvcache::dynamic: one TU serves every count of that
 # head dimension, e.g. paged:fp16:dynamic:dynamic:128). Makes the
 # static library <target> (link it and include kvcache/backend/cuda.hpp from
@@ -12,10 +12,11 @@
 # defining kvcache::compiled::<target> (a type_list for kvcache::dispatch).
 #
 # Lists shipped with kvcache:
-#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (30 TUs);
+#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (33 TUs:
+#                                      fp32 and fp16 in full, bf16 on three);
 #                                      equals kvcache::test_configurations
 #   KVCACHE_CUDA_PRESET_CONFIGURATIONS every layout and type for the model
-#                                      presets (24 TUs); equals kvcache::preset_configurations
+#                                      presets (36 TUs); equals kvcache::preset_configurations
 #
 # The same file serves kvcache's own build (from cmake/) and a downstream
 # project (installed beside kvcacheConfig.cmake, which includes it): the
@@ -25,10 +26,10 @@
 # found on the first call.
 include("${CMAKE_CURRENT_LIST_DIR}/kvcacheCuda.cmake")
 
-function(_kvcache_product out heads_list)
+function(_kvcache_product out elements heads_list)
     set(result "")
     foreach(layout contiguous paged sliding_window)
-        foreach(element fp32 fp16)
+        foreach(element ${elements})
             foreach(heads ${heads_list})
                 list(APPEND result "${layout}:${element}:${heads}")
             endforeach()
@@ -37,8 +38,11 @@ function(_kvcache_product out heads_list)
     set(${out} "${result}" PARENT_SCOPE)
 endfunction()
 
-_kvcache_product(KVCACHE_CUDA_TEST_CONFIGURATIONS "4:4:32;8:2:64;4:1:32;5:1:56;dynamic:dynamic:32")
-_kvcache_product(KVCACHE_CUDA_PRESET_CONFIGURATIONS "32:8:128;32:32:128;28:4:128;8:2:64")
+_kvcache_product(KVCACHE_CUDA_TEST_CONFIGURATIONS "fp32;fp16" "4:4:32;8:2:64;4:1:32;5:1:56;dynamic:dynamic:32")
+# bf16 shares every code path with fp16 but its conversions, so three TUs (one per layout) cover it.
+list(APPEND KVCACHE_CUDA_TEST_CONFIGURATIONS "contiguous:bf16:dynamic:dynamic:32" "paged:bf16:8:2:64"
+     "sliding_window:bf16:4:1:32")
+_kvcache_product(KVCACHE_CUDA_PRESET_CONFIGURATIONS "fp32;fp16;bf16" "32:8:128;32:32:128;28:4:128;8:2:64")
 
 function(kvcache_add_cuda_instantiations target)
     cmake_parse_arguments(ARG "" "" "CONFIGURATIONS" ${ARGN})
@@ -81,8 +85,10 @@ function(kvcache_add_cuda_instantiations target)
             set(type "float")
         elseif(element STREQUAL "fp16")
             set(type "kvcache::half")
+        elseif(element STREQUAL "bf16")
+            set(type "kvcache::bfloat16")
         else()
-            message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not fp32 or fp16")
+            message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not fp32, fp16 or bf16")
         endif()
         # A head count may be "dynamic": one instantiation then serves every count (kvcache::dynamic).
         set(q_arg "${q}")

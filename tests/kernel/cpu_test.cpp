@@ -75,3 +75,28 @@ TEST_CASE("half widening used by the cpu backend is exact for every binary16 val
     }
     CHECK(mismatches == 0);
 }
+
+TEST_CASE("bfloat16 widening used by the cpu backend is exact for every encoding") {
+    std::vector<bfloat16> all(65536);
+    for (int i = 0; i < 65536; ++i) all[i] = bfloat16::from_bits(std::uint16_t(i));
+    std::vector<float> scalar(65536), vector(65536);
+    cpu::detail::widen(all.data(), scalar.data(), 65536);
+    using vec = cpu::detail::float8;  // the load the kernels use, whatever the build's ISA
+    for (int i = 0; i < 65536; i += vec::lanes) vec::load(all.data() + i).store(vector.data() + i);
+    int mismatches = 0;
+    for (int i = 0; i < 65536; ++i) {
+        const std::uint32_t expected = std::uint32_t(i) << 16;  // bfloat16 is a float's top half, by definition
+        mismatches += std::memcmp(&expected, &scalar[i], 4) != 0;
+        mismatches += std::memcmp(&expected, &vector[i], 4) != 0;
+    }
+    CHECK(mismatches == 0);
+}
+
+TEST_CASE("cpu backend passes the backend suite: bfloat16 in every layout") {
+    const cpu_backend cpu;
+    check_layout<scatter_factory, bfloat16>(cpu, "cpu");
+    check_layout<contiguous_factory, bfloat16>(cpu, "cpu");
+    check_layout<paged_factory, bfloat16>(cpu, "cpu");
+    check_layout<sliding_window_factory, bfloat16>(cpu, "cpu");
+    check_bfloat16(cpu, "cpu");
+}

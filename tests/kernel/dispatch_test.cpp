@@ -17,12 +17,13 @@
 using namespace kvcache;
 
 TEST_CASE("configuration products enumerate layouts x elements x heads, layouts outermost") {
-    static_assert(preset_configurations::size == 24);
-    static_assert(test_configurations::size == 30);
+    static_assert(preset_configurations::size == 36);
+    static_assert(test_configurations::size == 33);
     using list = configuration_product_t<type_list<paged_layout>, all_elements, type_list<head_config<4, 2, 8>>>;
     static_assert(std::is_same_v<list, type_list<configuration<paged_layout, float, head_config<4, 2, 8>>,
-                                                 configuration<paged_layout, half, head_config<4, 2, 8>>>>);
-    CHECK(describe(list{}) == "paged/fp32/4q/2kv/d8, paged/fp16/4q/2kv/d8");
+                                                 configuration<paged_layout, half, head_config<4, 2, 8>>,
+                                                 configuration<paged_layout, bfloat16, head_config<4, 2, 8>>>>);
+    CHECK(describe(list{}) == "paged/fp32/4q/2kv/d8, paged/fp16/4q/2kv/d8, paged/bf16/4q/2kv/d8");
 }
 
 TEST_CASE("dispatch calls the function with the matching compile-time configuration") {
@@ -83,6 +84,9 @@ TEST_CASE("dispatch prefers the compiled head counts and falls back to dynamic o
     CHECK(chosen({layout_kind::paged, element_kind::fp16, {32, 32, 96}}) == "paged/fp16/dynamicq/dynamickv/d96 running 32q/32kv/d96");
     CHECK(chosen({layout_kind::sliding_window, element_kind::fp32, {8, 4, 256}}) ==
           "sliding_window/fp32/dynamicq/dynamickv/d256 running 8q/4kv/d256");
+    CHECK(chosen({layout_kind::contiguous, element_kind::bf16, {32, 8, 128}}) ==
+          "contiguous/bf16/32q/8kv/d128 running 32q/8kv/d128");
+    CHECK(chosen({layout_kind::paged, element_kind::bf16, {16, 2, 64}}) == "paged/bf16/dynamicq/dynamickv/d64 running 16q/2kv/d64");
     CHECK(compiled_for(default_configurations{}, {layout_kind::paged, element_kind::fp16, {28, 4, 128}}));
     CHECK_FALSE(compiled_for(default_configurations{}, {layout_kind::paged, element_kind::fp16, {40, 8, 128}}));
     CHECK(supports(default_configurations{}, {layout_kind::paged, element_kind::fp16, {40, 8, 128}}));

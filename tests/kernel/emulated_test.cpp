@@ -1,5 +1,5 @@
 // The kernel bodies under the SIMT emulator against the reference: every
-// layout x {fp32, fp16} x {MHA, GQA group 4, MQA} x {decode, prefill, append}
+// layout x {fp32, fp16} (bf16 on a subset) x {MHA, GQA group 4, MQA} x {decode, prefill, append}
 // x {short, crossing pages and the window, long enough to split}, under two
 // thread schedules (in order and a seeded shuffle; the shuffle reorders
 // threads between barriers, so a missing barrier changes the answer).
@@ -68,6 +68,10 @@ TEST_CASE("emulated kernels: merge, split counts, empty sequences, cascade atten
     });
     check_split_counts(emulated_backend{}, "emulated");
     check_cascade<float>(emulated_backend{}, "emulated");
+}
+
+TEST_CASE("emulated kernels: bfloat16 caches (one schedule: the kernels are fp16's but for the conversions)") {
+    check_bfloat16(emulated_backend{}, "emulated");
 }
 
 TEST_CASE("emulated kernels: head counts given at run time (dynamic head_config)") {

@@ -155,7 +155,8 @@ TEST_CASE_TEMPLATE("sliding window: chunk limit, evicted positions, truncate aft
     CHECK(small.length(b) == 1);
 }
 
-TEST_CASE_TEMPLATE("files: magic, version, configuration, checksum, truncation", Element, float, kvcache::half) {
+TEST_CASE_TEMPLATE("files: magic, version, configuration, checksum, truncation", Element, float, kvcache::half,
+                   kvcache::bfloat16) {
     kvcache::paged_cache<Element, heads> source(2, 16, 4);
     const auto a = source.add_sequence();
     append_all_layers(source, a, 6, 1);
@@ -228,7 +229,8 @@ TEST_CASE_TEMPLATE("files: magic, version, configuration, checksum, truncation",
     CHECK(again.str() == file);
 }
 
-TEST_CASE_TEMPLATE("files: round trip through a file for every layout", Element, float, kvcache::half) {
+TEST_CASE_TEMPLATE("files: round trip through a file for every layout", Element, float, kvcache::half,
+                   kvcache::bfloat16) {
     const std::string path = "kvcache_layout_roundtrip_test.bin";
     kvcache::sliding_window_cache<Element, heads> window(2, 2, 3, 1, 2);
     const auto a = window.add_sequence();
@@ -298,7 +300,7 @@ TEST_CASE_TEMPLATE("files: bytes after the checksum are refused, the whole rest 
 }
 
 TEST_CASE_TEMPLATE("files: configuration mismatches name the parameters and both values", Element, float,
-                   kvcache::half) {
+                   kvcache::half, kvcache::bfloat16) {
     using E = kvcache::error_code;
     auto saved = [](const auto& cache) {
         std::ostringstream out;
@@ -328,9 +330,14 @@ TEST_CASE_TEMPLATE("files: configuration mismatches name the parameters and both
     check_fails(__LINE__, contiguous, E::format_error, {"sliding_window", "contiguous"}, loading(contiguous, saved(w8)));
     using other = std::conditional_t<std::is_same_v<Element, float>, kvcache::half, float>;
     kvcache::paged_cache<other, heads> other_page4(1, 4, 4);
-    const char* mine = std::is_same_v<Element, float> ? "fp32" : "fp16";
-    const char* theirs = std::is_same_v<Element, float> ? "fp16" : "fp32";
+    const char* mine = kvcache::element_traits<Element>::name;
+    const char* theirs = kvcache::element_traits<other>::name;
     check_fails(__LINE__, page4, E::format_error, {mine, theirs}, loading(page4, saved(other_page4)));
+    // half and bfloat16 rows have the same size: only the recorded kind tells them apart.
+    using same_size = std::conditional_t<std::is_same_v<Element, kvcache::bfloat16>, kvcache::half, kvcache::bfloat16>;
+    kvcache::paged_cache<same_size, heads> same_size_page4(1, 4, 4);
+    check_fails(__LINE__, page4, E::format_error, {mine, kvcache::element_traits<same_size>::name},
+                loading(page4, saved(same_size_page4)));
     // Values no build knows are printed as numbers, marked unknown.
     std::string bytes = saved(page4);
     const std::uint32_t nine = 9;

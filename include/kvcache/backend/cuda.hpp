@@ -19,6 +19,7 @@
 #include "kvcache/backend/detail/launch_sequence.hpp"
 #include "kvcache/backend/operation_params.hpp"
 #include "kvcache/core/cuda_error.hpp"
+#include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/half.hpp"
 #include "kvcache/core/span.hpp"
 #include "kvcache/kernels/attention_options.hpp"
@@ -34,7 +35,7 @@ namespace detail {
 /// kvcache::cuda::detail::instantiation<View, float>;` in an nvcc TU for the
 /// other); a configuration missing from the build is a link error naming this struct.
 /// @tparam Layout a layout view
-/// @tparam Query float or kvcache::half: queries', outputs' and new K/V rows' type
+/// @tparam Query float, kvcache::half or kvcache::bfloat16: queries', outputs' and new K/V rows' type
 template <class Layout, class Query = typename Layout::element_type>
 struct instantiation {
     static void append(const Layout& view, const Query* keys, const Query* values, const int* new_token_offsets,
@@ -45,8 +46,8 @@ struct instantiation {
                         Query* outputs, float* lse, const attention_options& options, cudaStream_t stream);
 };
 
-/// merge for one (state, output) element pair; instantiated for all four.
-/// @tparam State float or kvcache::half  @tparam Output float or kvcache::half
+/// merge for one (state, output) element pair; instantiated for all nine.
+/// @tparam State float, kvcache::half or kvcache::bfloat16  @tparam Output float, kvcache::half or kvcache::bfloat16
 template <class State, class Output>
 struct merge_instantiation {
     static void merge(int states, int rows, int head_dim, const State* outputs, const float* lse, Output* merged,
@@ -87,7 +88,7 @@ public:
 
     /// Floats of workspace a decode with these params needs: 0 when it runs unsplit.
     /// @tparam Layout a layout view over device memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     std::size_t workspace_floats(const decode_params<Layout, Query>& p) const {
         using heads = typename Layout::heads;
@@ -101,7 +102,7 @@ public:
 
     /// Writes new tokens' K/V rows (see append_params).
     /// @tparam Layout a layout view over device memory
-    /// @tparam Input float or kvcache::half (instantiated for it)
+    /// @tparam Input float, kvcache::half or kvcache::bfloat16 (instantiated for it)
     template <class Layout, class Input>
     void append(const append_params<Layout, Input>& p) const {
         kvcache::detail::check_call_append(p, false);
@@ -112,7 +113,7 @@ public:
 
     /// Decode attention, split along the keys and merged when the batch is small.
     /// @tparam Layout a layout view over device memory
-    /// @tparam Query float or kvcache::half (instantiated for it)
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16 (instantiated for it)
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         kvcache::detail::check_call_decode(p);
@@ -123,7 +124,7 @@ public:
 
     /// Prefill attention (see prefill_params).
     /// @tparam Layout a layout view over device memory
-    /// @tparam Query float or kvcache::half (instantiated for it)
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16 (instantiated for it)
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         kvcache::detail::check_call_prefill(p, false);
@@ -134,8 +135,8 @@ public:
     }
 
     /// Merges partial states (see merge_params); head_dim a multiple of 8.
-    /// @tparam State float or kvcache::half
-    /// @tparam Output float or kvcache::half
+    /// @tparam State float, kvcache::half or kvcache::bfloat16
+    /// @tparam Output float, kvcache::half or kvcache::bfloat16
     template <class State, class Output>
     void merge(const merge_params<State, Output>& p) const {
         kvcache::detail::check_call_merge(p);

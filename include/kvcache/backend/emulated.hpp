@@ -43,7 +43,7 @@ public:
 
     /// Writes new tokens' K/V rows with the append kernel (see append_params).
     /// @tparam Layout a layout view over host memory
-    /// @tparam Input float or kvcache::half
+    /// @tparam Input float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Input>
     void append(const append_params<Layout, Input>& p) const {
         detail::check_call_append(p, true);
@@ -54,7 +54,7 @@ public:
 
     /// Decode attention with the decode and merge kernels (see decode_params).
     /// @tparam Layout a layout view over host memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
@@ -65,7 +65,7 @@ public:
 
     /// Prefill attention with the prefill kernel (see prefill_params).
     /// @tparam Layout a layout view over host memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
@@ -76,8 +76,8 @@ public:
     }
 
     /// Merges partial states with the merge kernel (see merge_params).
-    /// @tparam State float or kvcache::half
-    /// @tparam Output float or kvcache::half
+    /// @tparam State float, kvcache::half or kvcache::bfloat16
+    /// @tparam Output float, kvcache::half or kvcache::bfloat16
     template <class State, class Output>
     void merge(const merge_params<State, Output>& p) const {
         detail::check_call_merge(p);

@@ -32,11 +32,11 @@ namespace kvcache {
 /// Rows are converted to the stored element type; positions the layout no
 /// longer holds (a chunk longer than a sliding window) are skipped.
 /// @tparam Layout a layout view
-/// @tparam Input float or kvcache::half: the rows' element type
+/// @tparam Input float, kvcache::half or kvcache::bfloat16: the rows' element type
 template <class Layout, class Input>
 struct append_params {
     static_assert(is_layout_view_v<Layout>, "kvcache::append_params needs a layout view");
-    static_assert(is_element_v<Input>, "kvcache::append_params: K/V rows are float or kvcache::half");
+    static_assert(is_element_v<Input>, "kvcache::append_params: K/V rows are float, kvcache::half or kvcache::bfloat16");
     static_assert(!std::is_const_v<typename Layout::element_type>,
                   "kvcache::append_params: append writes the cache, and this view's elements are const (read-only)");
     Layout view;
@@ -52,11 +52,11 @@ struct append_params {
 /// Decode attention: one query per sequence at position length - 1, over
 /// every key the view presents and its visibility allows.
 /// @tparam Layout a layout view
-/// @tparam Query float or kvcache::half: queries' and outputs' element type
+/// @tparam Query float, kvcache::half or kvcache::bfloat16: queries' and outputs' element type
 template <class Layout, class Query>
 struct decode_params {
     static_assert(is_layout_view_v<Layout>, "kvcache::decode_params needs a layout view");
-    static_assert(is_element_v<Query>, "kvcache::decode_params: queries are float or kvcache::half");
+    static_assert(is_element_v<Query>, "kvcache::decode_params: queries are float, kvcache::half or kvcache::bfloat16");
     Layout view;
     span<const Query> queries;    ///< [batch][query_heads][head_dim]
     span<Query> outputs;          ///< [batch][query_heads][head_dim]
@@ -80,11 +80,11 @@ struct decode_params {
 /// the sequence's length: cascade attention places other requests' queries
 /// past a shared prefix that way, so each sees all of it.
 /// @tparam Layout a layout view
-/// @tparam Query float or kvcache::half: queries' and outputs' element type
+/// @tparam Query float, kvcache::half or kvcache::bfloat16: queries' and outputs' element type
 template <class Layout, class Query>
 struct prefill_params {
     static_assert(is_layout_view_v<Layout>, "kvcache::prefill_params needs a layout view");
-    static_assert(is_element_v<Query>, "kvcache::prefill_params: queries are float or kvcache::half");
+    static_assert(is_element_v<Query>, "kvcache::prefill_params: queries are float, kvcache::half or kvcache::bfloat16");
     Layout view;
     span<const Query> queries;      ///< [query tokens][query_heads][head_dim]
     span<const int> query_offsets;  ///< batch + 1 entries from 0 (CSR)
@@ -106,11 +106,11 @@ struct prefill_params {
 /// Merges partial attention states of the same query rows (split keys,
 /// cascade levels): state s of row r is outputs[(s * rows + r) * head_dim ...]
 /// with log-sum-exp lse[s * rows + r]; a state with lse = -inf is empty.
-/// @tparam State float or kvcache::half: the states' element type
-/// @tparam Output float or kvcache::half: the merged rows' element type
+/// @tparam State float, kvcache::half or kvcache::bfloat16: the states' element type
+/// @tparam Output float, kvcache::half or kvcache::bfloat16: the merged rows' element type
 template <class State, class Output>
 struct merge_params {
-    static_assert(is_element_v<State> && is_element_v<Output>, "kvcache::merge_params: float or kvcache::half rows");
+    static_assert(is_element_v<State> && is_element_v<Output>, "kvcache::merge_params: float, kvcache::half or kvcache::bfloat16 rows");
     int states;               ///< partial states per row
     int rows;                 ///< query rows (tokens x query heads)
     int head_dim;             ///< elements per row, a multiple of 8

@@ -140,7 +140,7 @@ class reference_backend {
 public:
     /// Writes new tokens' K/V rows (see append_params).
     /// @tparam Layout a layout view over host memory
-    /// @tparam Input float or kvcache::half
+    /// @tparam Input float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Input>
     void append(const append_params<Layout, Input>& p) const {
         using heads = typename Layout::heads;
@@ -169,7 +169,7 @@ public:
 
     /// Decode attention in double; outputs need not be given (not checked, not written).
     /// @tparam Layout a layout view over host memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     reference::attention_result decode_exact(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p, false);
@@ -178,7 +178,7 @@ public:
 
     /// Prefill attention in double; outputs need not be given (not checked, not written).
     /// @tparam Layout a layout view over host memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     reference::attention_result prefill_exact(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true, false);
@@ -187,7 +187,7 @@ public:
 
     /// Decode attention, results rounded to the queries' type.
     /// @tparam Layout a layout view over host memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
@@ -196,7 +196,7 @@ public:
 
     /// Prefill attention, results rounded to the queries' type.
     /// @tparam Layout a layout view over host memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
@@ -204,8 +204,8 @@ public:
     }
 
     /// Merges partial states in double (see merge_params).
-    /// @tparam State float or kvcache::half
-    /// @tparam Output float or kvcache::half
+    /// @tparam State float, kvcache::half or kvcache::bfloat16
+    /// @tparam Output float, kvcache::half or kvcache::bfloat16
     template <class State, class Output>
     void merge(const merge_params<State, Output>& p) const {
         detail::check_call_merge(p);

@@ -24,12 +24,12 @@ enum class contiguous_growth {
 
 /// A cache of L layers in contiguous slabs, one slot per sequence, each slot
 /// holding up to capacity() positions: [slot][kv_head][position][head_dim].
-/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16)
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class contiguous_cache : public detail::owner_base<contiguous_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_element_v<Element>, "kvcache::contiguous_cache stores float or kvcache::half");
+    static_assert(is_element_v<Element>, "kvcache::contiguous_cache stores float, kvcache::half or kvcache::bfloat16");
     using base = detail::owner_base<contiguous_cache, Element, Heads>;
     friend base;
 

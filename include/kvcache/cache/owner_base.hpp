@@ -99,9 +99,9 @@ public:
                          [&](std::size_t i) { derived().reserve_for_plan(batch[i], new_tokens[i], stream); });
     }
 
-    /// append() from rows of the other element type (float rows into a half
-    /// cache, or half into float), converted on the way in.
-    /// @tparam Keys a sized buffer of float or kvcache::half
+    /// append() from rows of another element type (float rows into a half or
+    /// bfloat16 cache, or 16-bit rows into float), converted on the way in.
+    /// @tparam Keys a sized buffer of float, kvcache::half or kvcache::bfloat16
     /// @tparam Values a sized buffer of the same element type
     template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
     void append(sequence_id id, int layer, const Keys& keys, const Values& values, int n) {
@@ -109,9 +109,9 @@ public:
         append(id, layer, span<const Element>(key_rows), span<const Element>(value_rows), n);
     }
 
-    /// Derived's write() from rows of the other element type (float rows into
-    /// a half cache, or half into float), converted on the way in.
-    /// @tparam Keys a sized buffer of float or kvcache::half
+    /// Derived's write() from rows of another element type (float rows into a
+    /// half or bfloat16 cache, or 16-bit rows into float), converted on the way in.
+    /// @tparam Keys a sized buffer of float, kvcache::half or kvcache::bfloat16
     /// @tparam Values a sized buffer of the same element type
     template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
     void write(sequence_id id, int layer, int first, const Keys& key_rows, const Values& value_rows, int n) {
@@ -200,11 +200,11 @@ protected:
     std::size_t token_row() const noexcept { return std::size_t(kv_heads()) * Heads::head_dim; }
 
     /// Rows of another element type converted to Element (write/append of float rows).
-    /// @tparam Rows a sized buffer of float or kvcache::half
+    /// @tparam Rows a sized buffer of float, kvcache::half or kvcache::bfloat16
     template <class Rows>
     static std::vector<Element> converted_rows(const Rows& rows) {
         using Input = detail::range_element_t<Rows>;
-        static_assert(is_element_v<Input>, "kvcache: K/V rows are float or kvcache::half");
+        static_assert(is_element_v<Input>, "kvcache: K/V rows are float, kvcache::half or kvcache::bfloat16");
         const auto in = make_span(rows);
         std::vector<Element> out(in.size());
         for (std::size_t i = 0; i < in.size(); ++i) out[i] = from_float<Element>(to_float(in[i]));

@@ -32,12 +32,12 @@ namespace kvcache {
 /// match_prefix() on a new sequence shares the longest run of indexed pages.
 /// Unreferenced indexed pages stay until the pool runs short (LRU eviction,
 /// the ends of chains first).
-/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16)
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class paged_cache : public detail::owner_base<paged_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_element_v<Element>, "kvcache::paged_cache stores float or kvcache::half");
+    static_assert(is_element_v<Element>, "kvcache::paged_cache stores float, kvcache::half or kvcache::bfloat16");
     using base = detail::owner_base<paged_cache, Element, Heads>;
     using buffer = typename Memory::template buffer<Element>;
     friend base;

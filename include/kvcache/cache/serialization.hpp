@@ -7,7 +7,7 @@
 //                 i32 tokens, i32 token_ids[tokens],
 //                 per layer: keys [present][kv_head][head_dim], values likewise
 //   u64 checksum: FNV-1a over every byte before it
-// Little-endian, native element bits (fp32 or binary16). A load reads from
+// Little-endian, native element bits (fp32, binary16 or bfloat16). A load reads from
 // the stream's position to its end: that is the file, nothing may follow.
 #pragma once
 
@@ -190,7 +190,7 @@ inline const char* layout_name(std::uint32_t v) noexcept {
 }
 /// The name of a stored element kind; "unknown" for values no build writes.
 inline const char* element_name(std::uint32_t v) noexcept {
-    return v <= 1 ? to_string(static_cast<element_kind>(v)) : "unknown";
+    return is_element_kind(int(v)) ? to_string(static_cast<element_kind>(v)) : "unknown";
 }
 
 /// What layout parameter i of a header means for that layout.

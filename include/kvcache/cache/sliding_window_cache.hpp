@@ -22,12 +22,12 @@ namespace kvcache {
 /// sees the sinks plus keys newer than query - window. Appends come in chunks
 /// of at most max_chunk tokens, which the ring is sized for. Keys are stored
 /// rotated at their original position (RoPE is applied before the write).
-/// @tparam Element stored element type (float or kvcache::half)
+/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16)
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class sliding_window_cache : public detail::owner_base<sliding_window_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_element_v<Element>, "kvcache::sliding_window_cache stores float or kvcache::half");
+    static_assert(is_element_v<Element>, "kvcache::sliding_window_cache stores float, kvcache::half or kvcache::bfloat16");
     using base = detail::owner_base<sliding_window_cache, Element, Heads>;
     friend base;
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/half.hpp"
 #include "kvcache/core/heads.hpp"
@@ -41,7 +42,7 @@ using sliding_window_layout = layout_family<sliding_window_view>;  ///< the slid
 /// empty for compiled counts, the runtime values the dispatcher matched for
 /// a dynamic head configuration (read them with head_counts()).
 /// @tparam Layout a layout_family
-/// @tparam Element float or kvcache::half
+/// @tparam Element float, kvcache::half or kvcache::bfloat16
 /// @tparam Heads a head_config (counts compiled or kvcache::dynamic)
 template <class Layout, class Element, class Heads>
 struct configuration {
@@ -172,8 +173,8 @@ using configuration_product_t = typename detail::product<Layouts, Elements, Head
 /// All three layout families.
 using all_layouts = type_list<contiguous_layout, paged_layout, sliding_window_layout>;
 
-/// Both element types.
-using all_elements = type_list<float, half>;
+/// Every storage element type.
+using all_elements = type_list<float, half, bfloat16>;
 
 /// Dynamic head counts for the head dimensions public checkpoints use
 /// (64: GPT-2, TinyLlama; 80: Phi-2; 96: Phi-3; 128: Llama, Mistral, Qwen;

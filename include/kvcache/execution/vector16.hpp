@@ -1,9 +1,10 @@
-// The 16-byte unit of vectorised loads and stores, and its float / half lanes.
+// The 16-byte unit of vectorised loads and stores, and its float / 16-bit lanes.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+#include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/half.hpp"
 
@@ -27,38 +28,47 @@ KVCACHE_HOST_DEVICE inline void set_float(vector16& v, int i, float value) noexc
     std::memcpy(&v.words[i], &value, sizeof value);
 }
 
-/// Half lane i (0..7) of v; lane 2k is the low half of word k (memory order on little-endian).
-KVCACHE_HOST_DEVICE inline half vector16_half(const vector16& v, int i) noexcept {
+/// The raw 16 bits of lane i (0..7) of v; lane 2k is the low half of word k
+/// (memory order on little-endian).
+KVCACHE_HOST_DEVICE inline std::uint16_t vector16_bits(const vector16& v, int i) noexcept {
     const std::uint32_t word = v.words[i >> 1];
-    return half::from_bits(static_cast<std::uint16_t>((i & 1) ? (word >> 16) : (word & 0xffffu)));
+    return static_cast<std::uint16_t>((i & 1) ? (word >> 16) : (word & 0xffffu));
+}
+
+/// Sets the raw 16 bits of lane i (0..7) of v.
+KVCACHE_HOST_DEVICE inline void set_bits(vector16& v, int i, std::uint16_t bits) noexcept {
+    const unsigned shift = (i & 1) ? 16u : 0u;
+    std::uint32_t& word = v.words[i >> 1];
+    word = (word & ~(0xffffu << shift)) | (static_cast<std::uint32_t>(bits) << shift);
+}
+
+/// Half lane i (0..7) of v.
+KVCACHE_HOST_DEVICE inline half vector16_half(const vector16& v, int i) noexcept {
+    return half::from_bits(vector16_bits(v, i));
 }
 
 /// Sets half lane i (0..7) of v.
-KVCACHE_HOST_DEVICE inline void set_half(vector16& v, int i, half value) noexcept {
-    const unsigned shift = (i & 1) ? 16u : 0u;
-    std::uint32_t& word = v.words[i >> 1];
-    word = (word & ~(0xffffu << shift)) | (static_cast<std::uint32_t>(value.bits) << shift);
-}
+KVCACHE_HOST_DEVICE inline void set_half(vector16& v, int i, half value) noexcept { set_bits(v, i, value.bits); }
 
-/// Element lane i of v read as Element (float: 4 lanes, half: 8 lanes).
-/// @tparam Element float or kvcache::half
+/// Element lane i of v read as Element (float: 4 lanes, the 16-bit types: 8 lanes).
+/// @tparam Element float, kvcache::half or kvcache::bfloat16
 template <class Element>
 KVCACHE_HOST_DEVICE inline Element vector16_get(const vector16& v, int i) noexcept {
     if constexpr (sizeof(Element) == 4) {
         return vector16_float(v, i);
     } else {
-        return vector16_half(v, i);
+        return Element::from_bits(vector16_bits(v, i));
     }
 }
 
 /// Sets element lane i of v.
-/// @tparam Element float or kvcache::half
+/// @tparam Element float, kvcache::half or kvcache::bfloat16
 template <class Element>
 KVCACHE_HOST_DEVICE inline void vector16_set(vector16& v, int i, Element value) noexcept {
     if constexpr (sizeof(Element) == 4) {
         set_float(v, i, value);
     } else {
-        set_half(v, i, value);
+        set_bits(v, i, value.bits);
     }
 }
 

@@ -15,7 +15,7 @@ namespace kvcache {
 /// The append body. Grid: (any x, kv_heads, batch); blocks along x share a
 /// sequence's tokens. Positions the layout already dropped are skipped.
 /// @tparam Layout a layout view
-/// @tparam Input float or kvcache::half
+/// @tparam Input float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Input>
 struct append_kernel {
     using heads = typename Layout::heads;

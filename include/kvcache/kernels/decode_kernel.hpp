@@ -33,7 +33,7 @@ inline constexpr int decode_dynamic_rows = 4;
 /// shared memory: shared_bytes. A compiled configuration's block holds its whole
 /// GQA group; a dynamic one's holds up to decode_dynamic_rows heads of it.
 /// @tparam Layout a layout view
-/// @tparam Query float or kvcache::half (queries and outputs)
+/// @tparam Query float, kvcache::half or kvcache::bfloat16 (queries and outputs)
 template <class Layout, class Query>
 struct decode_kernel {
     using heads = typename Layout::heads;

@@ -7,7 +7,7 @@
 namespace kvcache {
 
 /// append_kernel: write new tokens' rows. keys/values [total][kv_heads][head_dim].
-/// @tparam Layout a layout view  @tparam Input float or kvcache::half
+/// @tparam Layout a layout view  @tparam Input float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Input>
 struct append_kernel_params {
     Layout view;
@@ -20,7 +20,7 @@ struct append_kernel_params {
 /// decode_kernel: one query per sequence. With splits > 1 each block writes a
 /// partial (output, lse) to partial_outputs [row][split][head_dim] and
 /// partial_lse [row][split] (row = sequence * query_heads + head) instead of outputs.
-/// @tparam Layout a layout view  @tparam Query float or kvcache::half
+/// @tparam Layout a layout view  @tparam Query float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Query>
 struct decode_kernel_params {
     Layout view;
@@ -35,7 +35,7 @@ struct decode_kernel_params {
 };
 
 /// prefill_kernel: the last n_b positions of sequence b query the cache.
-/// @tparam Layout a layout view  @tparam Query float or kvcache::half
+/// @tparam Layout a layout view  @tparam Query float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Query>
 struct prefill_kernel_params {
     Layout view;
@@ -51,7 +51,7 @@ struct prefill_kernel_params {
 /// merge_states_kernel: state s of row r is at outputs + s * output_state_stride
 /// + r * output_row_stride (head_dim elements) with lse at lse[s * lse_state_stride
 /// + r * lse_row_stride].
-/// @tparam State float or kvcache::half  @tparam Output float or kvcache::half
+/// @tparam State float, kvcache::half or kvcache::bfloat16  @tparam Output float, kvcache::half or kvcache::bfloat16
 template <class State, class Output>
 struct merge_kernel_params {
     const State* outputs;

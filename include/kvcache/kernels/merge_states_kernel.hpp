@@ -15,8 +15,8 @@ namespace kvcache {
 
 /// The merge body. Grid: (rows, 1, 1). head_dim and the output strides must be
 /// multiples of 8 (rows move 8 elements at a time).
-/// @tparam State float or kvcache::half (partial outputs)
-/// @tparam Output float or kvcache::half
+/// @tparam State float, kvcache::half or kvcache::bfloat16 (partial outputs)
+/// @tparam Output float, kvcache::half or kvcache::bfloat16
 template <class State, class Output>
 struct merge_states_kernel {
     static constexpr const char* name = "merge_states";

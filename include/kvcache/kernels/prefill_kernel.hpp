@@ -32,7 +32,7 @@ KVCACHE_HOST_DEVICE constexpr int prefill_target_rows(int head_dim) noexcept {
 /// token r / group, head r % group); a dynamic one lets a tile start and end
 /// inside a token, each row then carrying its own position.
 /// @tparam Layout a layout view
-/// @tparam Query float or kvcache::half (queries and outputs)
+/// @tparam Query float, kvcache::half or kvcache::bfloat16 (queries and outputs)
 template <class Layout, class Query>
 struct prefill_kernel {
     using heads = typename Layout::heads;

@@ -19,7 +19,7 @@ namespace kvcache {
 /// keys[slot * slot_stride + kv_head * head_stride + position * position_stride + d]
 /// (the same for values). Default strides give [slot][kv_head][position][head_dim].
 /// Batch entry i reads storage slot slots[i], or slot i when slots is null.
-/// @tparam Element stored element type (float or kvcache::half; const for a read-only view)
+/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16; const for a read-only view)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
 struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Element>, Heads {

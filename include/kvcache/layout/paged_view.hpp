@@ -44,7 +44,7 @@ enum class page_order : int { head_major = 0, token_major = 1 };
 /// keys[page * page_stride + (row * kv_heads + kv_head) * head_dim] token-major
 /// (values alike).
 /// The page size is a runtime value: one compiled kernel serves every size.
-/// @tparam Element stored element type (float or kvcache::half; const for a read-only view)
+/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16; const for a read-only view)
 /// @tparam Heads a head_config
 /// @tparam Order the in-page order of rows
 template <class Element, class Heads, page_order Order = page_order::head_major>

@@ -23,7 +23,7 @@ namespace kvcache {
 /// Present positions: [0, min(length, sinks)) and [max(sinks, length - ring), length).
 /// ring >= window so every key a query may see is present; with
 /// ring = window + chunk - 1, a chunk of new tokens still sees its own window.
-/// @tparam Element stored element type (float or kvcache::half; const for a read-only view)
+/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16; const for a read-only view)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
 struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Heads>, Element>, Heads {

@@ -76,10 +76,15 @@ private:
 /// head_dim <= 128 differs from double by ~1e-6 relative; 2e-5 leaves margin
 /// without hiding a wrong weight (a single misplaced key moves outputs by
 /// >1e-3 at these lengths). half outputs: rounding the result to binary16
-/// alone costs up to 2^-11 = 4.9e-4 at magnitude 1, so 1e-3.
+/// alone costs up to 2^-11 = 4.9e-4 at magnitude 1, so 1e-3. bfloat16
+/// outputs: its 8-bit significand rounds a value below 1 by up to 2^-9 =
+/// 1.95e-3, so 2.5e-3 (still under the 1e-2 a wrong weight would cost with
+/// the bfloat16 rounding of the stored values at these lengths).
 template <class Output>
 double output_tolerance() {
-    return std::is_same_v<Output, float> ? 2e-5 : 1e-3;
+    if constexpr (std::is_same_v<Output, float>) return 2e-5;
+    if constexpr (std::is_same_v<Output, bfloat16>) return 2.5e-3;
+    return 1e-3;
 }
 
 /// Tolerance on log-sum-exp (magnitude up to ~10): FP32 sum of exps, 1e-5 relative.
@@ -192,8 +197,8 @@ inline std::string heads_name(int q, int kv, int d) {
 template <class Factory, class Element, class Heads, class Query = Element, class Backend>
 void check_attention(const Backend& backend, const std::string& backend_name, const Heads& counts = Heads{},
                      const std::vector<context_case>& cases = standard_cases()) {
-    const std::string type = std::is_same_v<Element, float> ? "fp32" : "fp16";
-    const std::string query_type = std::is_same_v<Query, float> ? "fp32" : "fp16";
+    const std::string type = element_traits<Element>::name;
+    const std::string query_type = element_traits<Query>::name;
     const std::string heads = heads_name(counts.query_heads(), counts.kv_heads(), Heads::head_dim) +
                               (Heads::static_counts ? "" : " (dynamic)");
     const reference_backend reference;
@@ -253,7 +258,7 @@ void check_attention(const Backend& backend, const std::string& backend_name, co
 template <class Factory, class Element, class Heads, class Input = Element, class Backend>
 void check_append(const Backend& backend, const std::string& backend_name, const Heads& counts = Heads{},
                   const std::vector<context_case>& cases = standard_cases()) {
-    const std::string type = std::is_same_v<Element, float> ? "fp32" : "fp16";
+    const std::string type = element_traits<Element>::name;
     unsigned seed = 101;
     for (const context_case& c : cases) {
         for (const bool explicit_positions : {false, true}) {

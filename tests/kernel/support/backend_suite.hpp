@@ -164,7 +164,7 @@ void check_cascade(const Backend& backend, const std::string& name) {
     using namespace kvcache;
     using heads = head_config<8, 2, 32>;
     constexpr int dim = heads::head_dim, row = heads::kv_heads() * dim;
-    INFO(name << " cascade attention, " << (std::is_same_v<Element, float> ? "fp32" : "fp16"));
+    INFO(name << " cascade attention, " << kvcache::element_traits<Element>::name);
     paged_cache<Element, heads> cache(1, 64, 16);
     const int prefix_length = 40;
     const std::vector<int> suffix_lengths = {1, 9, 16, 23};
@@ -283,6 +283,35 @@ void check_window_mask(const Backend& backend, const std::string& name) {
     CHECK_THROWS_AS(backend.decode(own), kvcache::error);
 }
 
+/// bfloat16 caches: the GQA suite in every layout, MHA and MQA in one each,
+/// float queries and float or half rows into a bfloat16 cache, dynamic
+/// counts, cascade, and merge into bfloat16 outputs.
+/// @tparam Backend a backend object
+template <class Backend>
+void check_bfloat16(const Backend& backend, const std::string& name) {
+    using namespace kvcache;
+    check_attention<scatter_factory, bfloat16, suite_gqa>(backend, name);
+    check_attention<contiguous_factory, bfloat16, suite_mqa>(backend, name);
+    check_attention<paged_factory, bfloat16, suite_gqa>(backend, name);
+    check_attention<sliding_window_factory, bfloat16, suite_mha>(backend, name);
+    check_append<paged_factory, bfloat16, suite_gqa>(backend, name);
+    check_append<sliding_window_factory, bfloat16, head_config<5, 1, 56>, float>(backend, name);
+    check_append<contiguous_factory, bfloat16, suite_mqa, half>(backend, name);
+    check_attention<paged_factory, bfloat16, head_config<4, 2, 32>, float>(backend, name);  // bf16 cache, fp32 queries
+    check_attention<paged_factory, bfloat16, dynamic_heads<32>>(backend, name, dynamic_heads<32>{9, 1});
+    check_cascade<bfloat16>(backend, name);
+    INFO(name << " merge into bfloat16");
+    const int states = 2, rows = 3, dim = 16;
+    const auto outputs = random_rows<float>(states * rows * dim, 1.0f, 19);
+    const std::vector<float> lse = {0.5f, 2.0f, -1.0f, 1.5f, -3.0f, 4.0f};
+    std::vector<float> expected(rows * dim);
+    reference_backend{}.merge(merge_params(states, rows, dim, outputs, lse, expected));
+    std::vector<bfloat16> narrow(rows * dim, bfloat16(7.0f));
+    backend.merge(merge_params(states, rows, dim, outputs, lse, narrow));
+    backend.synchronize();
+    for (int i = 0; i < rows * dim; ++i) CHECK(std::fabs(to_float(narrow[i]) - expected[i]) <= output_tolerance<bfloat16>());
+}
+
 /// Everything above, for a backend fast enough to run the whole matrix.
 /// @tparam Backend a backend object
 template <class Backend>
@@ -303,6 +332,7 @@ void run_backend_suite(const Backend& backend, const std::string& name) {
     check_cascade<float>(backend, name);
     check_cascade<half>(backend, name);
     check_window_mask(backend, name);
+    check_bfloat16(backend, name);
 }
 
 }  // namespace kvcache_test

@@ -46,7 +46,7 @@ void decode_rows(const Layout& view, int sequence, int kv_head, int begin, int e
 /// queries/outputs: [batch][query_heads][head_dim]; lse (nullable): [batch][query_heads].
 /// Arguments are checked by the caller.
 /// @tparam Layout a layout view over host memory
-/// @tparam Query float or kvcache::half
+/// @tparam Query float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Query>
 void decode(const Layout& view, const Query* queries, Query* outputs, float* lse, const attention_options& options) {
     using heads = typename Layout::heads;
@@ -99,7 +99,7 @@ inline int prefill_block_tokens(int group) noexcept { return std::max(1, prefill
 /// [query tokens][query_heads][head_dim]; lse (nullable): [query tokens][query_heads].
 /// Arguments are checked by the caller.
 /// @tparam Layout a layout view over host memory
-/// @tparam Query float or kvcache::half
+/// @tparam Query float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Query>
 void prefill(const Layout& view, const Query* queries, const int* query_offsets, const int* query_positions,
              Query* outputs, float* lse, const attention_options& options) {

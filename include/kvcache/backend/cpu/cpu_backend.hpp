@@ -22,7 +22,7 @@ class cpu_backend {
 public:
     /// Writes new tokens' K/V rows (see append_params).
     /// @tparam Layout a layout view over host memory
-    /// @tparam Input float or kvcache::half
+    /// @tparam Input float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Input>
     void append(const append_params<Layout, Input>& p) const {
         detail::check_call_append(p, true);
@@ -33,7 +33,7 @@ public:
     /// Decode attention (see decode_params); kv_splits 0 splits the keys when
     /// the batch has fewer (sequence, KV head) items than threads.
     /// @tparam Layout a layout view over host memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
@@ -43,7 +43,7 @@ public:
 
     /// Prefill attention (see prefill_params).
     /// @tparam Layout a layout view over host memory
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
@@ -54,8 +54,8 @@ public:
     }
 
     /// Merges partial attention states (see merge_params).
-    /// @tparam State float or kvcache::half
-    /// @tparam Output float or kvcache::half
+    /// @tparam State float, kvcache::half or kvcache::bfloat16
+    /// @tparam Output float, kvcache::half or kvcache::bfloat16
     template <class State, class Output>
     void merge(const merge_params<State, Output>& p) const {
         detail::check_call_merge(p);

@@ -20,8 +20,8 @@ namespace detail {
 /// [states][rows][dim], lse: [states][rows] (an lse of -inf is an empty state
 /// and weighs nothing); writes merged [rows][dim] (zeros where every state is
 /// empty) and, when merged_lse is not null, merged_lse [rows].
-/// @tparam State float or kvcache::half
-/// @tparam Output float or kvcache::half
+/// @tparam State float, kvcache::half or kvcache::bfloat16
+/// @tparam Output float, kvcache::half or kvcache::bfloat16
 template <class State, class Output>
 void merge_rows(int states, int rows, int dim, const State* outputs, const float* lse, Output* merged,
                 float* merged_lse) {

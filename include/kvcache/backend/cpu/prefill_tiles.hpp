@@ -4,7 +4,7 @@
 // [dim][rows]), so S = Q K^T and O += P V are register-blocked outer-product
 // kernels (a key or value element broadcast against a vector of rows, FMA
 // over the head dimension) and the online softmax runs lane-wise over rows
-// with no horizontal reductions. A binary16 tile is widened to float once
+// with no horizontal reductions. A 16-bit tile is widened to float once
 // for all the block's rows. Decode keeps tile_attention.hpp: one token's few
 // rows would leave most lanes empty here.
 #pragma once
@@ -230,7 +230,7 @@ public:
     }
 
     /// Loads query row r, multiplied by the softmax scale, at logical position `position`.
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Query>
     void load(int r, const Query* query, float scale, int position) {
         for (int d = 0; d < Dim; ++d) queries_[d * stride_ + r] = to_float(query[d]) * scale;
@@ -273,7 +273,7 @@ public:
 
     /// Writes row r normalised (zeros when it saw no key) and, when lse is
     /// not null, its log-sum-exp (-inf when it saw no key).
-    /// @tparam Output float or kvcache::half
+    /// @tparam Output float, kvcache::half or kvcache::bfloat16
     template <class Output>
     void store(int r, Output* output, float* lse) const {
         const float sum = state_[stride_ + r];
@@ -310,7 +310,7 @@ private:
         return any != 0;
     }
 
-    /// Float row pointers of the tile's keys and values: a binary16 tile is
+    /// Float row pointers of the tile's keys and values: a 16-bit tile is
     /// widened once here, for every row of the block.
     template <class Element>
     void float_rows(const key_tile<Element>& tile, const float** keys, const float** values) {
@@ -419,7 +419,7 @@ private:
     std::vector<float> state_;         ///< see running_max()
     std::vector<int> positions_;       ///< [rows_]
     std::vector<std::uint32_t> masks_; ///< [ring slot][rows_]
-    std::vector<float> widened_;       ///< [2][tile_keys][Dim] float copies of a binary16 tile's K and V rows
+    std::vector<float> widened_;       ///< [2][tile_keys][Dim] float copies of a 16-bit tile's K and V rows
 };
 
 }  // namespace KVCACHE_CPU_ISA_NAMESPACE

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/half.hpp"
 
 namespace kvcache {
@@ -49,6 +50,14 @@ inline void widen(const half* __restrict source, float* __restrict destination, 
         const std::uint32_t special = 0u - std::uint32_t(magnitude >= 0x7c00u);  // all ones for inf / NaN
         bits = ((shifted_bits | 0x7f800000u) & special) | (bits & ~special);
         bits |= sign;
+        std::memcpy(destination + i, &bits, 4);
+    }
+}
+
+/// Exact bfloat16 -> float for n values: the bits shifted into a float's top half.
+inline void widen(const bfloat16* __restrict source, float* __restrict destination, int n) noexcept {
+    for (int i = 0; i < n; ++i) {
+        const std::uint32_t bits = std::uint32_t(source[i].bits) << 16;
         std::memcpy(destination + i, &bits, 4);
     }
 }

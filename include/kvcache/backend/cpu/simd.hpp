@@ -2,7 +2,8 @@
 // targets (AVX-512, else AVX2+FMA), else a plain 8-float array whose loops the
 // compiler maps to whatever it has (SSE2 in a plain x86-64 build). Binary16
 // rows widen on load: with F16C in hardware, else by the exact software
-// conversion of row_math.hpp. The kernels are written once against this.
+// conversion of row_math.hpp; bfloat16 rows widen by a 16-bit shift. The
+// kernels are written once against this.
 // Everything here lives in the ISA-keyed inline namespace of isa.hpp, since
 // its layout and code change with -march.
 #pragma once
@@ -12,6 +13,7 @@
 
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"
+#include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/half.hpp"
 
 #if KVCACHE_CPU_AVX2_FMA
@@ -40,6 +42,10 @@ struct float8 {
         return load(widened);
 #endif
     }
+    static float8 load(const bfloat16* p) noexcept {
+        const __m256i widened = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        return {_mm256_castsi256_ps(_mm256_slli_epi32(widened, 16))};
+    }
     void store(float* p) const noexcept { _mm256_storeu_ps(p, v); }
     friend float8 fma(float8 a, float8 b, float8 c) noexcept { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
     friend float8 operator*(float8 a, float8 b) noexcept { return {_mm256_mul_ps(a.v, b.v)}; }
@@ -63,6 +69,11 @@ struct float8 {
         return r;
     }
     static float8 load(const half* p) noexcept {
+        float8 r;
+        widen(p, r.v, 8);
+        return r;
+    }
+    static float8 load(const bfloat16* p) noexcept {
         float8 r;
         widen(p, r.v, 8);
         return r;
@@ -95,6 +106,10 @@ struct float16 {
     static float16 load(const half* p) noexcept {
         // The maskz forms: g++ 12 warns (-Werror) that the unmasked ones' undefined source may be used.
         return {_mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+    }
+    static float16 load(const bfloat16* p) noexcept {
+        const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        return {_mm512_castsi512_ps(_mm512_slli_epi32(widened, 16))};
     }
     void store(float* p) const noexcept { _mm512_storeu_ps(p, v); }
     friend float16 fma(float16 a, float16 b, float16 c) noexcept { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }

@@ -45,7 +45,7 @@ public:
     }
 
     /// Loads query row r, multiplied by the softmax scale, at logical position `position`.
-    /// @tparam Query float or kvcache::half
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Query>
     void load(int r, const Query* query, float scale, int position) {
         float* row = queries() + std::size_t(r) * Dim;
@@ -79,7 +79,7 @@ public:
             ++filled;
         }
         for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
-            if constexpr (std::is_same_v<element, half>) {
+            if constexpr (is_16bit_element_v<element>) {
                 if (rows_ > widen_tile_rows) {
                     fold(widened(tiles[current]), slot_masks(current), soft_cap);
                 } else {
@@ -98,7 +98,7 @@ public:
 
     /// Writes row r normalised (zeros when it saw no key) and, when lse is
     /// not null, its log-sum-exp (-inf when it saw no key).
-    /// @tparam Output float or kvcache::half
+    /// @tparam Output float, kvcache::half or kvcache::bfloat16
     template <class Output>
     void store(int r, Output* output, float* lse) const {
         const float sum = running_sum()[r];
@@ -141,8 +141,10 @@ private:
         return any != 0;
     }
 
-    /// The tile with its binary16 rows converted once into float rows (same positions).
-    key_tile<float> widened(const key_tile<half>& tile) {
+    /// The tile with its 16-bit rows converted once into float rows (same positions).
+    /// @tparam Element kvcache::half or kvcache::bfloat16
+    template <class Element>
+    key_tile<float> widened(const key_tile<Element>& tile) {
         using vec = typename vector_for<Dim>::type;
         if (widened_.empty()) widened_.resize(std::size_t(2) * tile_keys * Dim);
         key_tile<float> result;

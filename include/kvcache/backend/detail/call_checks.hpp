@@ -24,12 +24,12 @@ namespace kvcache {
 namespace detail {
 
 /// Compile-time checks of a call's buffer element types: queries (or K/V
-/// rows) float or half, and outputs of the same type.
+/// rows) float, half or bfloat16, and outputs of the same type.
 /// @tparam Input the element type of the input buffers
 /// @tparam Output the element type of the output buffers
 template <class Input, class Output>
 constexpr void check_element_types() {
-    static_assert(is_element_v<Input>, "kvcache: queries and K/V rows are float or kvcache::half");
+    static_assert(is_element_v<Input>, "kvcache: queries and K/V rows are float, kvcache::half or kvcache::bfloat16");
     static_assert(std::is_same_v<Input, Output>, "kvcache: outputs have the queries' element type");
 }
 

@@ -1,5 +1,5 @@
 // Eight elements of a row at a time through the context's 16-byte accesses:
-// one load16 of 8 halves, or two of 4 floats. Rows start at multiples of
+// one load16 of 8 16-bit elements, or two of 4 floats. Rows start at multiples of
 // head_dim (a multiple of 8) elements, so these addresses are 16-byte aligned
 // whenever the row's base pointer is.
 #pragma once
@@ -20,13 +20,13 @@ namespace kvcache {
 namespace detail {
 
 /// Reads 8 elements from p (16-byte aligned) widened to float.
-/// @tparam Element float or kvcache::half
+/// @tparam Element float, kvcache::half or kvcache::bfloat16
 /// @tparam Context an execution context
 template <class Element, class Context>
 KVCACHE_HOST_DEVICE inline void load8(Context& ctx, const Element* p, float (&out)[8]) {
     if constexpr (sizeof(Element) == 2) {
         const vector16 v = ctx.load16(p);
-        for (int i = 0; i < 8; ++i) out[i] = to_float(vector16_half(v, i));
+        for (int i = 0; i < 8; ++i) out[i] = to_float(vector16_get<Element>(v, i));
     } else {
         const vector16 low = ctx.load16(p);
         const vector16 high = ctx.load16(p + 4);
@@ -38,13 +38,13 @@ KVCACHE_HOST_DEVICE inline void load8(Context& ctx, const Element* p, float (&ou
 }
 
 /// Writes 8 floats to p (16-byte aligned), narrowed to Element.
-/// @tparam Element float or kvcache::half
+/// @tparam Element float, kvcache::half or kvcache::bfloat16
 /// @tparam Context an execution context
 template <class Element, class Context>
 KVCACHE_HOST_DEVICE inline void store8(Context& ctx, Element* p, const float (&in)[8]) {
     if constexpr (sizeof(Element) == 2) {
         vector16 v{};
-        for (int i = 0; i < 8; ++i) set_half(v, i, half(in[i]));
+        for (int i = 0; i < 8; ++i) vector16_set(v, i, from_float<Element>(in[i]));
         ctx.store16(p, v);
     } else {
         vector16 low{}, high{};

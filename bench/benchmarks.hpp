@@ -22,5 +22,6 @@ void run_memory_waste(const options&, report&);
 void run_prefill(const options&, report&);
 void run_dynamic_heads(const options&, report&);
 void run_host_tier(const options&, report&);
+void run_element_types(const options&, report&);
 
 }  // namespace kvcache::bench

@@ -45,7 +45,7 @@ void run_decode_bandwidth(const options& opts, report& out) {
     }
 
     const std::vector<layout_kind> layouts = {layout_kind::contiguous, layout_kind::paged, layout_kind::sliding_window};
-    const std::vector<element_kind> elements = {element_kind::fp32, element_kind::fp16};
+    const std::vector<element_kind> elements = {element_kind::fp32, element_kind::fp16, element_kind::bf16};
     const std::vector<int> batches = opts.quick ? std::vector<int>{1, 8} : std::vector<int>{1, 8, 32};
     const std::vector<int> contexts = opts.quick ? std::vector<int>{512, 2048} : std::vector<int>{512, 4096, 16384};
     for (layout_kind layout : layouts)
@@ -77,7 +77,7 @@ void run_decode_bandwidth(const options& opts, report& out) {
             for (int batch : batches)
                 for (int context : contexts) {
                     const std::size_t row_bytes = 2 * bench_heads::kv_heads() * bench_heads::head_dim *
-                                                  (element == element_kind::fp16 ? 2 : 4);
+                                                  element_size(element);
                     const std::size_t needed = std::size_t(batch) * context * row_bytes;
                     const std::size_t available = available_memory_bytes();
                     if (available > 0 && needed > available / 2) {

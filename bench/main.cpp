@@ -25,6 +25,7 @@ const benchmark_entry all_benchmarks[] = {
     {"generation", run_generation},
     {"dynamic_heads", run_dynamic_heads},
     {"host_tier", run_host_tier},
+    {"element_types", run_element_types},
 };
 
 void print_help() {

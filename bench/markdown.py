@@ -124,6 +124,19 @@ def main():
         print(table(["element", "context", "bytes", "swap_out ms", "swap_in ms", "memcpy ms",
                      "swap_in / memcpy rate (per-round min .. max)"], rows))
 
+    rows = []
+    for r in of("element_types"):
+        p, m = r["params"], r["metrics"]
+        rows.append([p["layout"], p["heads"], str(p["context"]), p["element"], spread(m, "ms_per_step"),
+                     f'{m["bytes_read"] / 2**20:.1f}', f'{m["gbytes_per_s"]:.1f}',
+                     f'{m["fraction_of_measured_bandwidth"]:.2f}',
+                     f'{m["speed_vs_fp16"]:.2f} ({m["speed_vs_fp16_min"]:.2f} .. {m["speed_vs_fp16_max"]:.2f})',
+                     "yes" if p["kv_fit_llc"] else "no"])
+    if rows:
+        print("### element_types\n")
+        print(table(["layout", "heads", "context", "element", "ms/step", "MiB read", "GB/s", "fraction of read",
+                     "speed vs fp16 (per-round min .. max)", "fits LLC"], rows))
+
 
 if __name__ == "__main__":
     main()

@@ -87,11 +87,12 @@ void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int
 }  // namespace detail
 
 /// Contiguous (static) cache: batch slots of exactly `context` positions.
-/// @tparam Element float or kvcache::half
-template <class Element>
-filled_cache<static_cache<Element, bench_heads>> make_contiguous(int batch, int context) {
-    filled_cache<static_cache<Element, bench_heads>> out;
-    out.cache = std::make_unique<static_cache<Element, bench_heads>>(1, batch, context);
+/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// @tparam Heads a head_config with compiled counts
+template <class Element, class Heads = bench_heads>
+filled_cache<static_cache<Element, Heads>> make_contiguous(int batch, int context) {
+    filled_cache<static_cache<Element, Heads>> out;
+    out.cache = std::make_unique<static_cache<Element, Heads>>(1, batch, context);
     for (int b = 0; b < batch; ++b) {
         out.batch.push_back(out.cache->add_sequence());
         out.cache->begin_append(out.batch.back(), context);
@@ -104,12 +105,13 @@ filled_cache<static_cache<Element, bench_heads>> make_contiguous(int batch, int 
 
 /// Paged cache (16-token pages unless told) handed out round-robin across the
 /// batch (as a server interleaves requests), so a sequence's pages are not adjacent.
-/// @tparam Element float or kvcache::half
-template <class Element>
-filled_cache<paged_cache<Element, bench_heads>> make_paged(int batch, int context, int page_size = bench_page_size) {
-    filled_cache<paged_cache<Element, bench_heads>> out;
+/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// @tparam Heads a head_config with compiled counts
+template <class Element, class Heads = bench_heads>
+filled_cache<paged_cache<Element, Heads>> make_paged(int batch, int context, int page_size = bench_page_size) {
+    filled_cache<paged_cache<Element, Heads>> out;
     const int pages_per_sequence = (context + page_size - 1) / page_size;
-    out.cache = std::make_unique<paged_cache<Element, bench_heads>>(1, batch * pages_per_sequence, page_size, false);
+    out.cache = std::make_unique<paged_cache<Element, Heads>>(1, batch * pages_per_sequence, page_size, false);
     for (int b = 0; b < batch; ++b) out.batch.push_back(out.cache->add_sequence());
     for (int first = 0; first < context; first += page_size)
         for (sequence_id id : out.batch) out.cache->begin_append(id, std::min(page_size, context - first));
@@ -122,7 +124,7 @@ filled_cache<paged_cache<Element, bench_heads>> make_paged(int batch, int contex
 /// Sliding-window cache whose decode query sees `visible` keys (4 sinks plus
 /// a window of visible - 4), generated past the ring's end so the ring has
 /// wrapped: each sequence's keys come in three runs (sinks, ring tail, ring head).
-/// @tparam Element float or kvcache::half
+/// @tparam Element float, kvcache::half or kvcache::bfloat16
 template <class Element>
 filled_cache<sliding_window_cache<Element, bench_heads>> make_sliding_window(int batch, int visible) {
     filled_cache<sliding_window_cache<Element, bench_heads>> out;
@@ -165,6 +167,8 @@ void with_filled_cache(layout_kind layout, element_kind element, int batch, int 
     };
     if (element == element_kind::fp16)
         run(half{});
+    else if (element == element_kind::bf16)
+        run(bfloat16{});
     else
         run(float{});
 }

@@ -49,6 +49,7 @@ TEST_CASE("malformed command lines are usage errors naming the option") {
                          usage_error);
     CHECK_THROWS_WITH_AS(parse({"--layout", "ring"}).layout("--layout", kvcache::layout_kind::paged),
                          doctest::Contains("'ring' is not one of"), usage_error);
-    CHECK_THROWS_WITH_AS(parse({"--dtype", "bf16"}).element("--dtype", kvcache::element_kind::fp32),
-                         doctest::Contains("'bf16' is not one of fp32, fp16"), usage_error);
+    CHECK(parse({"--dtype", "bf16"}).element("--dtype", kvcache::element_kind::fp32) == kvcache::element_kind::bf16);
+    CHECK_THROWS_WITH_AS(parse({"--dtype", "fp12"}).element("--dtype", kvcache::element_kind::fp32),
+                         doctest::Contains("'fp12' is not one of fp32, fp16, bf16"), usage_error);
 }

@@ -76,7 +76,7 @@ TEST_CASE("a written checkpoint loads back bit for bit, in one file or sharded")
             }
 }
 
-TEST_CASE("the loaded checkpoint generates the same ids cached (every layout, fp32 and fp16) and recomputed") {
+TEST_CASE("the loaded checkpoint generates the same ids cached (every layout and element type) and recomputed") {
     thread_pool pool(2);
     std::string dir = fresh_dir("generate");
     write_checkpoint(dir, make_random_weights(tiny_config("qwen2"), 9), {"BF16"});

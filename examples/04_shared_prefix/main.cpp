@@ -62,7 +62,7 @@ options:
   --decode N      decode steps per request (default 8)
   --page-size N   tokens per page (default 16)
   --layers N      layers (default 4)
-  --dtype TYPE    fp32 | fp16: the cache's element type (default fp32)
+  --dtype TYPE    fp32 | fp16 | bf16: the cache's element type (default fp32)
   --threads N     CPU threads (default: all cores)
   --seed N        seed of the keys, values and queries (default 1)
   --repeats N     timed repetitions of each cascade measurement (default 21)
@@ -421,6 +421,8 @@ int main(int argc, char** argv) {
         s.repeats = args.integer("--repeats", 21, 1, 100000);
         const kvcache::element_kind element = args.element("--dtype", kvcache::element_kind::fp32);
         kvcache::cpu::set_thread_count(args.integer("--threads", 0, 0, 1024));
-        return element == kvcache::element_kind::fp16 ? run<kvcache::half>(s) : run<float>(s);
+        if (element == kvcache::element_kind::fp16) return run<kvcache::half>(s);
+        if (element == kvcache::element_kind::bf16) return run<kvcache::bfloat16>(s);
+        return run<float>(s);
     });
 }

@@ -42,7 +42,7 @@ options:
                          with full attention; layers the config windows (Mistral's sliding_window,
                          Qwen2's layer_types / max_window_layers) always go into a sliding-window
                          cache of the config's window, without sinks
-  --dtype TYPE           fp32 | fp16: the cache's element type (default fp32)
+  --dtype TYPE           fp32 | fp16 | bf16: the cache's element type (default fp32)
   --page-size N          paged: tokens per page (default 16)
   --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
   --sinks N              sliding_window: first positions kept forever in those layers (default 4)
@@ -177,10 +177,14 @@ int run(int argc, char** argv) {
                     kvcache::to_string(cache.element), on_cuda ? "CUDA" : "CPU", pool.size(),
                     on_cuda ? " for the rest of the model" : "");
     if (want_recompute)
-        std::printf("recompute: the whole sequence at every step, no cache, on the CPU%s\n",
-                    !want_cached || cache.element != kvcache::element_kind::fp16 ? ""
-                    : on_cuda ? " (K/V, queries and outputs rounded through fp16 like the CUDA backend)"
-                              : " (K/V rounded through fp16 like the cache)");
+        std::printf("recompute: the whole sequence at every step, no cache, on the CPU%s%s%s\n",
+                    !want_cached || cache.element == kvcache::element_kind::fp32 ? ""
+                    : on_cuda ? " (K/V, queries and outputs rounded through "
+                              : " (K/V rounded through ",
+                    !want_cached || cache.element == kvcache::element_kind::fp32 ? "" : kvcache::to_string(cache.element),
+                    !want_cached || cache.element == kvcache::element_kind::fp32 ? ""
+                    : on_cuda ? " like the CUDA backend)"
+                              : " like the cache)");
     std::printf("prompt ids: %s\n", join(prompt).c_str());
 
     ex::generation_options options;
@@ -192,9 +196,17 @@ int run(int argc, char** argv) {
     };
     ex::generation_trace cached, recomputed;
     if (want_cached) {
-        cached = runner(model, prompt, new_tokens, cache, options).trace;
+        const ex::cached_generation run = runner(model, prompt, new_tokens, cache, options);
+        cached = run.trace;
         progress.clear();
         std::printf("generated ids: %s\n", join(cached.tokens).c_str());
+        // What the cache held for this run: every layer's K and V for the prompt and the new tokens.
+        const double tokens = double(prompt.size()) + new_tokens;
+        const bool mib = run.bytes_reserved >= (std::size_t(1) << 20);
+        std::printf("cache memory: %.2f %s reserved for %d tokens x %d layers (%s, %.0f bytes per token per layer)\n",
+                    double(run.bytes_reserved) / (mib ? 1024.0 * 1024.0 : 1024.0), mib ? "MiB" : "KiB", int(tokens),
+                    config.num_layers,
+                    kvcache::to_string(cache.element), double(run.bytes_reserved) / (tokens * config.num_layers));
         std::printf("cached: %.2f ms/token (prefill %.1f ms)\n", ms_per_token(cached), cached.step_seconds[0] * 1e3);
     }
     if (want_recompute) {

@@ -35,6 +35,8 @@ public:
 inline void round_through(element_kind kind, float* data, std::size_t count) {
     if (kind == element_kind::fp16)
         for (std::size_t i = 0; i < count; ++i) data[i] = to_float(from_float<half>(data[i]));
+    if (kind == element_kind::bf16)
+        for (std::size_t i = 0; i < count; ++i) data[i] = to_float(from_float<bfloat16>(data[i]));
 }
 
 /// Attention without a cache: every call holds the whole sequence from position 0,

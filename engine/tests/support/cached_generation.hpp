@@ -20,7 +20,7 @@ namespace kvcache::examples::testing {
 template <class F>
 void for_each_cache_kind(int page_size, int window, int sinks, int prefill_chunk, F&& f) {
     for (auto layout : {kvcache::layout_kind::contiguous, kvcache::layout_kind::paged, kvcache::layout_kind::sliding_window})
-        for (auto element : {kvcache::element_kind::fp32, kvcache::element_kind::fp16}) {
+        for (auto element : {kvcache::element_kind::fp32, kvcache::element_kind::fp16, kvcache::element_kind::bf16}) {
             CAPTURE(std::string(kvcache::to_string(layout)));
             CAPTURE(std::string(kvcache::to_string(element)));
             cache_options cache;

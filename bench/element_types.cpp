@@ -1,0 +1,118 @@
+// element_types: decode speed of each storage element type against fp16, in
+// one run. For each layout (contiguous, paged), head shape (GQA 32/8 and MHA
+// 8/8, head dim 128) and context, one cache per type holds the same random
+// K/V; the types are timed in alternation, round after round, so a noisy
+// machine's drifts hit all alike. Reported per type: ms per step, the bytes
+// it read (K/V as stored, plus queries and outputs), GB/s and its fraction of
+// the streaming read probed just before, and its speed relative to fp16 from
+// the per-round ratios.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "benchmarks.hpp"
+#include "harness/bandwidth.hpp"
+#include "harness/machine.hpp"
+#include "harness/timing.hpp"
+#include "kvcache/backend/cpu.hpp"
+#include "support/filled_cache.hpp"
+
+namespace kvcache::bench {
+
+namespace {
+
+constexpr std::size_t mib = std::size_t(1) << 20;
+
+/// One type's cache and its timed decode step.
+struct timed_type {
+    element_kind element;
+    std::size_t bytes = 0;  ///< K/V read per step, plus queries and outputs
+    std::function<double()> step;
+    std::vector<double> seconds;
+};
+
+template <class Element, class Heads>
+void add_type(std::vector<timed_type>& types, layout_kind layout, int context, std::vector<std::shared_ptr<void>>& keep) {
+    const std::size_t q_elements = std::size_t(Heads::query_heads()) * Heads::head_dim;
+    auto queries = std::make_shared<std::vector<float>>(random_floats(q_elements, 7));
+    auto outputs = std::make_shared<std::vector<float>>(q_elements);
+    keep.push_back(queries);
+    keep.push_back(outputs);
+    const auto time_view = [&](auto filled) {
+        auto owned = std::make_shared<decltype(filled)>(std::move(filled));
+        keep.push_back(owned);
+        timed_type t{element_traits<Element>::kind, owned->kv_bytes() + 2 * q_elements * sizeof(float), {}, {}};
+        t.step = [owned, queries, outputs] {
+            const cpu_backend cpu;
+            const auto view = owned->view();
+            return seconds_of([&] { cpu.decode(decode_params(view, *queries, *outputs)); });
+        };
+        types.push_back(std::move(t));
+    };
+    if (layout == layout_kind::paged)
+        time_view(make_paged<Element, Heads>(1, context));
+    else
+        time_view(make_contiguous<Element, Heads>(1, context));
+}
+
+template <class Heads>
+void compare_types(const options& opts, report& out, layout_kind layout, int context, const char* heads_name,
+                   std::size_t probe_bytes) {
+    std::vector<std::shared_ptr<void>> keep;
+    std::vector<timed_type> types;
+    add_type<half, Heads>(types, layout, context, keep);  // first: the baseline
+    add_type<float, Heads>(types, layout, context, keep);
+    add_type<bfloat16, Heads>(types, layout, context, keep);
+    const bandwidth_result dram = measure_read_bandwidth(probe_bytes, opts.threads, opts.repeats());
+    for (int i = 0; i < opts.warmup(); ++i)
+        for (auto& t : types) t.step();
+    const int least_rounds = opts.repeats() + (opts.quick ? 0 : 10);
+    double total = 0;
+    while (int(types[0].seconds.size()) < least_rounds || (total < opts.min_seconds() && types[0].seconds.size() < 500))
+        for (auto& t : types) {
+            t.seconds.push_back(t.step());
+            total += t.seconds.back();
+        }
+    const timing baseline = summarise(types[0].seconds);
+    for (const auto& t : types) {
+        std::vector<double> speedup;
+        for (std::size_t r = 0; r < t.seconds.size(); ++r) speedup.push_back(types[0].seconds[r] / t.seconds[r]);
+        const timing time = summarise(t.seconds), ratio = summarise(speedup);
+        nlohmann::json metrics;
+        add_timing(metrics, "ms_per_step", time, 1e3);
+        metrics["bytes_read"] = double(t.bytes);
+        metrics["gbytes_per_s"] = double(t.bytes) / time.median / 1e9;
+        metrics["read_gbytes_per_s"] = dram.gbytes_per_s;
+        metrics["fraction_of_measured_bandwidth"] = double(t.bytes) / time.median / 1e9 / dram.gbytes_per_s;
+        metrics["speed_vs_fp16"] = baseline.median / time.median;
+        metrics["speed_vs_fp16_min"] = ratio.min;
+        metrics["speed_vs_fp16_max"] = ratio.max;
+        out.add({"element_types",
+                 {{"layout", to_string(layout)},
+                  {"element", to_string(t.element)},
+                  {"heads", heads_name},
+                  {"batch", 1},
+                  {"context", context},
+                  {"threads", opts.threads},
+                  {"rounds", int(t.seconds.size())},
+                  {"kv_fit_llc", t.bytes < last_level_cache_bytes()}},
+                 metrics});
+    }
+}
+
+}  // namespace
+
+void run_element_types(const options& opts, report& out) {
+    const std::size_t llc = last_level_cache_bytes();
+    std::size_t probe_bytes = std::max<std::size_t>(opts.quick ? 256 * mib : 2048 * mib, 4 * llc);
+    const std::size_t available = available_memory_bytes();
+    if (available > 0) probe_bytes = std::min(probe_bytes, available / 4);
+    const std::vector<int> contexts = opts.quick ? std::vector<int>{1024} : std::vector<int>{4096, 16384};
+    for (layout_kind layout : {layout_kind::contiguous, layout_kind::paged})
+        for (int context : contexts) {
+            compare_types<head_config<32, 8, 128>>(opts, out, layout, context, "32q/8kv/d128", probe_bytes);
+            compare_types<head_config<8, 8, 128>>(opts, out, layout, context, "8q/8kv/d128", probe_bytes);
+        }
+}
+
+}  // namespace kvcache::bench

@@ -33,7 +33,7 @@ namespace kvcache::examples {
 /// them (host for cpu and emulated, device for cuda).
 /// @tparam Backend cpu_backend, emulated_backend or cuda_backend (or reference_backend)
 /// @tparam Plan a step_plan
-/// @tparam Input the rows' element type (float or kvcache::half)
+/// @tparam Input the rows' element type (float, kvcache::half or kvcache::bfloat16)
 template <class Backend, class Plan, class Input>
 void append_and_attend(const Backend& backend, const Plan& plan, int layer, span<const Input> queries,
                        span<const Input> keys, span<const Input> values, span<Input> outputs) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/backend/cpu/thread_pool.hpp"
 #include "kvcache/kernels/attention_options.hpp"
 #include "kvcache/layout/contiguous_view.hpp"
 
@@ -15,7 +16,8 @@ namespace isa_mix {
 
 using heads = kvcache::head_config<8, 2, 64>;
 using view = kvcache::contiguous_view<kvcache::half, heads>;
-using decode_entry = void (*)(const view&, const float*, float*, float*, const kvcache::attention_options&);
+using decode_entry = void (*)(kvcache::cpu::thread_pool&, const view&, const float*, float*, float*,
+                              const kvcache::attention_options&);
 
 struct unit_result {
     std::string isa;                    ///< cpu::detail::isa_name as that unit sees it

@@ -15,16 +15,16 @@ namespace cpu {
 namespace detail {
 
 /// Writes the K/V rows of each sequence's new tokens (see append_params),
-/// threaded across (sequence, KV head); the call was checked.
+/// threaded across (sequence, KV head) on pool; the call was checked.
 template <class Layout, class Input>
-void append(const Layout& view, const Input* keys, const Input* values, const int* new_token_offsets,
-            const int* positions) {
+void append(thread_pool& pool, const Layout& view, const Input* keys, const Input* values,
+            const int* new_token_offsets, const int* positions) {
     using heads = typename Layout::heads;
     using element = typename Layout::element_type;
     constexpr int dim = heads::head_dim;
     const int batch = view.sequence_count();
     if (batch == 0) return;
-    thread_pool::instance().parallel_for(batch * view.kv_heads(), [&](int item) {
+    pool.parallel_for(batch * view.kv_heads(), [&](int item) {
         const int b = item / view.kv_heads(), kv = item % view.kv_heads();
         const int tokens = new_token_offsets[b + 1] - new_token_offsets[b];
         const int length = view.length(b);

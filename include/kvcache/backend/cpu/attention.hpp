@@ -42,13 +42,14 @@ void decode_rows(const Layout& view, int sequence, int kv_head, int begin, int e
     for (int g = 0; g < group; ++g) rows.store(g, outputs + g * dim, lse ? lse + g : nullptr);
 }
 
-/// Decode attention: one query per sequence at position length - 1.
-/// queries/outputs: [batch][query_heads][head_dim]; lse (nullable): [batch][query_heads].
-/// Arguments are checked by the caller.
+/// Decode attention on pool's threads: one query per sequence at position
+/// length - 1. queries/outputs: [batch][query_heads][head_dim]; lse
+/// (nullable): [batch][query_heads]. Arguments are checked by the caller.
 /// @tparam Layout a layout view over host memory
 /// @tparam Query float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Query>
-void decode(const Layout& view, const Query* queries, Query* outputs, float* lse, const attention_options& options) {
+void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* outputs, float* lse,
+            const attention_options& options) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const int group = view.group_size();
@@ -56,7 +57,6 @@ void decode(const Layout& view, const Query* queries, Query* outputs, float* lse
     if (batch == 0) return;
     const float scale = resolved_softmax_scale(options, dim);
     const int items = batch * view.kv_heads();
-    thread_pool& pool = thread_pool::instance();
     int splits = options.kv_splits;
     if (splits <= 0) splits = items >= pool.threads() ? 1 : (pool.threads() + items - 1) / items;
     auto visible_keys = [&](int b) { return view.length(b) > 0 ? view.visible_count(b) : 0; };
@@ -91,7 +91,7 @@ void decode(const Layout& view, const Query* queries, Query* outputs, float* lse
 /// kernels' rows (prefill_block_rows), at least one.
 inline int prefill_block_tokens(int group) noexcept { return std::max(1, prefill_block_rows / group); }
 
-/// Prefill attention: query token t of sequence b is at position
+/// Prefill attention on pool's threads: query token t of sequence b is at position
 /// query_positions[query_offsets[b] + t] when query_positions is not null
 /// (any value >= 0, in any order), else at length_b - n_b + t (the last n_b
 /// positions, already appended); it sees each present key at a position p <= its own
@@ -101,8 +101,8 @@ inline int prefill_block_tokens(int group) noexcept { return std::max(1, prefill
 /// @tparam Layout a layout view over host memory
 /// @tparam Query float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Query>
-void prefill(const Layout& view, const Query* queries, const int* query_offsets, const int* query_positions,
-             Query* outputs, float* lse, const attention_options& options) {
+void prefill(thread_pool& pool, const Layout& view, const Query* queries, const int* query_offsets,
+             const int* query_positions, Query* outputs, float* lse, const attention_options& options) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const int group = view.group_size();
@@ -128,7 +128,7 @@ void prefill(const Layout& view, const Query* queries, const int* query_offsets,
     }
     // Longest items first, so the threads finish together (causal blocks grow along the chunk).
     std::stable_sort(work.begin(), work.end(), [](const work_item& a, const work_item& b) { return a.keys > b.keys; });
-    thread_pool::instance().parallel_for(int(work.size()), [&](int index) {
+    pool.parallel_for(int(work.size()), [&](int index) {
         const work_item item = work[index];
         const int b = item.sequence;
         prefill_block<dim> rows(item.tokens * group);

@@ -1,12 +1,18 @@
-// The CPU backend's worker threads: one process-wide pool that runs
-// parallel_for over work items, the caller taking part. Starting threads per
-// call would cost more than a short decode step.
+// The CPU backend's worker threads: a pool that runs parallel_for over work
+// items, the caller taking part. Starting threads per call would cost more
+// than a short decode step, so a pool keeps its workers; the process-wide one
+// serves every cpu_backend{} and a caller may bring its own.
+//
+// Outside the ISA-keyed namespace of cpu/isa.hpp: nothing in it depends on
+// the vector instructions, and units built for different ISAs must see one
+// type (and one process-wide pool), not one each.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -17,49 +23,75 @@
 
 namespace kvcache {
 namespace cpu {
-namespace detail {
 
-/// A fixed set of workers that run one parallel_for at a time.
+/// A fixed set of workers that runs one parallel_for at a time.
+///
+/// Concurrency: parallel_for may be called from any thread, but a pool runs
+/// one loop at a time. A loop called while another thread's loop holds the
+/// pool, or from inside a body (of any pool), runs all its items inline on the
+/// calling thread: the result is the same and nothing deadlocks, but that loop
+/// is single-threaded. Callers that run steps concurrently (one per request
+/// thread, say) give each its own pool; busy_inline_loops() counts the loops
+/// that lost their threads to another caller.
 class thread_pool {
 public:
-    explicit thread_pool(int threads) { start(threads); }
+    /// Starts threads - 1 workers (the caller of parallel_for is the last
+    /// thread); 0 means std::thread::hardware_concurrency(). Throws
+    /// kvcache::error (invalid_argument) naming a negative count.
+    explicit thread_pool(int threads) { start(checked(threads)); }
     thread_pool(const thread_pool&) = delete;
     thread_pool& operator=(const thread_pool&) = delete;
+    /// Joins the workers; no loop may be running on the pool.
     ~thread_pool() { stop(); }
 
-    /// The process-wide pool the CPU backend uses.
-    static thread_pool& instance() {
+    /// The process-wide pool: what cpu_backend{}, set_thread_count and
+    /// thread_count use. Started on first use with every hardware thread.
+    static thread_pool& process_wide() {
         static thread_pool pool(0);
         return pool;
     }
 
     /// Threads taking part in a parallel_for, the caller included.
-    int threads() const noexcept { return int(workers_.size()) + 1; }
+    int threads() const noexcept { return threads_.load(std::memory_order_relaxed); }
 
-    /// Replaces the workers; 0 means std::thread::hardware_concurrency().
+    /// Loops that ran inline on their caller because another thread's loop
+    /// held the pool (loops called from inside a body are not counted: their
+    /// thread is already one of a loop's). Never reset; compare two readings.
+    std::uint64_t busy_inline_loops() const noexcept { return busy_inline_loops_.load(std::memory_order_relaxed); }
+
+    /// Replaces the workers, waiting for a running loop to end; 0 means
+    /// std::thread::hardware_concurrency(). Throws kvcache::error
+    /// (invalid_argument) for a negative count or when called from inside one
+    /// of this pool's bodies, which would wait for itself.
     void resize(int threads) {
-        require(threads >= 0, error_code::invalid_argument, "thread count ", threads, " must not be negative");
+        threads = checked(threads);
+        require(running_body() != this, error_code::invalid_argument,
+                "thread_pool::resize called from inside one of the pool's own loops");
         std::lock_guard<std::mutex> busy(call_mutex_);
         stop();
         start(threads);
     }
 
-    /// Calls body(i) for i in [0, count), spread over the workers; rethrows the
-    /// first exception a body threw. Runs inline when the pool is busy with
-    /// another caller's loop or when called from inside a body.
+    /// Calls body(i) for each i in [0, count), spread over the pool's threads,
+    /// and returns when all are done; rethrows the first exception a body
+    /// threw. Inline on the calling thread when the pool is busy with
+    /// another thread's loop, or when called from inside a body.
     void parallel_for(int count, const std::function<void(int)>& body) {
         if (count <= 0) return;
+        // Checked before the lock: the thread running a body of this pool's
+        // loop may be the one holding call_mutex_, and must not lock it again.
+        if (count == 1 || threads() == 1 || running_body() != nullptr) return run_inline(count, body);
         std::unique_lock<std::mutex> busy(call_mutex_, std::try_to_lock);
-        if (!busy.owns_lock() || workers_.empty() || count == 1 || inside_body()) {
-            for (int i = 0; i < count; ++i) body(i);
-            return;
+        if (!busy.owns_lock()) {
+            busy_inline_loops_.fetch_add(1, std::memory_order_relaxed);
+            return run_inline(count, body);
         }
         {
             std::lock_guard<std::mutex> lock(mutex_);
             body_ = &body;
             count_ = count;
             next_.store(0);
-            pending_ = int(workers_.size());
+            pending_ = int(workers_.size());  // 0 if a resize to one thread came in between: the caller does all
             failure_ = nullptr;
             ++generation_;
         }
@@ -72,15 +104,25 @@ public:
     }
 
 private:
-    static bool& inside_body() {
-        thread_local bool inside = false;
-        return inside;
+    static int checked(int threads) {
+        require(threads >= 0, error_code::invalid_argument, "thread count ", threads, " must not be negative");
+        return threads == 0 ? int(std::max(1u, std::thread::hardware_concurrency())) : threads;
+    }
+
+    // The pool whose loop body this thread is running, if any.
+    static const thread_pool*& running_body() {
+        thread_local const thread_pool* pool = nullptr;
+        return pool;
+    }
+
+    static void run_inline(int count, const std::function<void(int)>& body) {
+        for (int i = 0; i < count; ++i) body(i);
     }
 
     void start(int threads) {
-        if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
         quit_ = false;
         for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { work(); });
+        threads_.store(threads, std::memory_order_relaxed);
     }
 
     void stop() {
@@ -94,7 +136,8 @@ private:
     }
 
     void run_items() {
-        inside_body() = true;
+        const thread_pool* outer = running_body();
+        running_body() = this;
         for (int i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) {
             try {
                 (*body_)(i);
@@ -103,7 +146,7 @@ private:
                 if (!failure_) failure_ = std::current_exception();
             }
         }
-        inside_body() = false;
+        running_body() = outer;
     }
 
     void work() {
@@ -121,10 +164,13 @@ private:
         }
     }
 
-    std::mutex call_mutex_;  // one parallel_for at a time
+    std::mutex call_mutex_;  // held by the loop that has the workers
     std::mutex mutex_;
     std::condition_variable wake_, done_;
     std::vector<std::thread> workers_;
+    // Atomic: read without call_mutex_ (by threads() and parallel_for) while a resize may write it.
+    std::atomic<int> threads_{1};
+    std::atomic<std::uint64_t> busy_inline_loops_{0};
     const std::function<void(int)>* body_ = nullptr;
     int count_ = 0;
     std::atomic<int> next_{0};
@@ -134,14 +180,13 @@ private:
     std::exception_ptr failure_;
 };
 
-}  // namespace detail
+/// Sets the threads of the process-wide pool (the caller included), which
+/// cpu_backend{} runs on; 0 means std::thread::hardware_concurrency(), the
+/// default. Waits for a loop running on it.
+inline void set_thread_count(int threads) { thread_pool::process_wide().resize(threads); }
 
-/// Sets the threads the CPU backend uses (the caller included); 0 means
-/// std::thread::hardware_concurrency(), the default.
-inline void set_thread_count(int threads) { detail::thread_pool::instance().resize(threads); }
-
-/// Threads the CPU backend uses, the caller included.
-inline int thread_count() { return detail::thread_pool::instance().threads(); }
+/// Threads of the process-wide pool, the caller included.
+inline int thread_count() { return thread_pool::process_wide().threads(); }
 
 }  // namespace cpu
 }  // namespace kvcache

@@ -100,3 +100,49 @@ TEST_CASE("cpu backend passes the backend suite: bfloat16 in every layout") {
     check_layout<sliding_window_factory, bfloat16>(cpu, "cpu");
     check_bfloat16(cpu, "cpu");
 }
+
+namespace {
+
+// Largest |output - exact| of cpu decode over a paged cache of Element holding
+// the float rows `keys`/`values` (rounded on the way in), against the exact
+// attention over the float rows themselves: the storage format's error.
+template <class Element, class Heads>
+double format_error(const std::vector<float>& keys, const std::vector<float>& values, const std::vector<float>& queries,
+                    int tokens, const reference::attention_result& exact) {
+    paged_cache<Element, Heads> cache(1, (tokens + 15) / 16, 16);
+    const sequence_id id = cache.add_sequence();
+    cache.append(id, 0, keys, values, tokens);
+    auto plan = cache.plan({id});
+    std::vector<float> outputs(queries.size());
+    cpu_backend{}.decode(decode_params(plan.view(0), queries, outputs));
+    double worst = 0;
+    for (std::size_t i = 0; i < outputs.size(); ++i) worst = std::max(worst, std::fabs(outputs[i] - exact.outputs[i]));
+    return worst;
+}
+
+}  // namespace
+
+TEST_CASE("format error: decode over fp16 and bf16 caches against exact attention over the original float K/V") {
+    using heads = head_config<8, 2, 64>;
+    const int tokens = 300;
+    const std::size_t row = std::size_t(heads::kv_heads()) * heads::head_dim;
+    const auto keys = random_rows<float>(tokens * row, 1.0f, 31), values = random_rows<float>(tokens * row, 1.0f, 32);
+    const auto queries = random_rows<float>(std::size_t(heads::query_heads()) * heads::head_dim, 1.0f, 33);
+    paged_cache<float, heads> exact_cache(1, (tokens + 15) / 16, 16);
+    const sequence_id id = exact_cache.add_sequence();
+    exact_cache.append(id, 0, keys, values, tokens);
+    auto plan = exact_cache.plan({id});
+    std::vector<float> unused(queries.size());
+    const auto exact = reference_backend{}.decode_exact(decode_params(plan.view(0), queries, unused));
+    const double fp16 = format_error<half, heads>(keys, values, queries, tokens, exact);
+    const double bf16 = format_error<bfloat16, heads>(keys, values, queries, tokens, exact);
+    MESSAGE("largest output error over the original float K/V: fp16 " << fp16 << ", bf16 " << bf16);
+    // Bounds from the formats: a stored value is off by at most eps = 2^-11 (fp16) or 2^-9 (bf16)
+    // relative, so a logit (scale 1/8 over 64 products of magnitude <= 1) by at most 8 eps, a softmax
+    // weight by a factor within e^(+-16 eps), and an output (|v| <= 1) by (e^(16 eps) - 1) + eps.
+    const auto bound = [](double eps) { return std::expm1(16 * eps) + eps + 1e-5; };
+    CHECK(fp16 <= bound(std::ldexp(1.0, -11)));
+    CHECK(bf16 <= bound(std::ldexp(1.0, -9)));
+    CHECK(bf16 > fp16);  // bf16 keeps 3 mantissa bits fewer: on 300 random keys its error is the larger
+    CHECK(fp16 > 0);     // the rows were rounded: an error of exactly 0 would mean the cache kept floats
+}

@@ -6,8 +6,9 @@
 // it read (K/V as stored, plus queries and outputs), GB/s and its fraction of
 // the streaming read probed just before, and its speed relative to fp16 from
 // the per-round ratios.
-#include <cstdio>
-#include <string>
+#include <algorithm>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "benchmarks.hpp"
@@ -32,15 +33,13 @@ struct timed_type {
 };
 
 template <class Element, class Heads>
-void add_type(std::vector<timed_type>& types, layout_kind layout, int context, std::vector<std::shared_ptr<void>>& keep) {
+void add_type(std::vector<timed_type>& types, layout_kind layout, int context) {
     const std::size_t q_elements = std::size_t(Heads::query_heads()) * Heads::head_dim;
     auto queries = std::make_shared<std::vector<float>>(random_floats(q_elements, 7));
     auto outputs = std::make_shared<std::vector<float>>(q_elements);
-    keep.push_back(queries);
-    keep.push_back(outputs);
+    // The step owns its cache and buffers: they live as long as the step does.
     const auto time_view = [&](auto filled) {
         auto owned = std::make_shared<decltype(filled)>(std::move(filled));
-        keep.push_back(owned);
         timed_type t{element_traits<Element>::kind, owned->kv_bytes() + 2 * q_elements * sizeof(float), {}, {}};
         t.step = [owned, queries, outputs] {
             const cpu_backend cpu;
@@ -58,11 +57,10 @@ void add_type(std::vector<timed_type>& types, layout_kind layout, int context, s
 template <class Heads>
 void compare_types(const options& opts, report& out, layout_kind layout, int context, const char* heads_name,
                    std::size_t probe_bytes) {
-    std::vector<std::shared_ptr<void>> keep;
     std::vector<timed_type> types;
-    add_type<half, Heads>(types, layout, context, keep);  // first: the baseline
-    add_type<float, Heads>(types, layout, context, keep);
-    add_type<bfloat16, Heads>(types, layout, context, keep);
+    add_type<half, Heads>(types, layout, context);  // first: the baseline
+    add_type<float, Heads>(types, layout, context);
+    add_type<bfloat16, Heads>(types, layout, context);
     const bandwidth_result dram = measure_read_bandwidth(probe_bytes, opts.threads, opts.repeats());
     for (int i = 0; i < opts.warmup(); ++i)
         for (auto& t : types) t.step();

@@ -7,6 +7,7 @@
 #include "kvcache/core/device_memory.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
+#include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
 #include "kvcache/core/heads.hpp"
 #include "kvcache/core/memory.hpp"

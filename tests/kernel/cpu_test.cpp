@@ -92,6 +92,23 @@ TEST_CASE("bfloat16 widening used by the cpu backend is exact for every encoding
     CHECK(mismatches == 0);
 }
 
+TEST_CASE_TEMPLATE("fp8 widening used by the cpu backend is exact for every encoding", Fp8, kvcache::float8_e4m3,
+                   kvcache::float8_e5m2) {
+    std::vector<Fp8> all(256);
+    for (int i = 0; i < 256; ++i) all[i] = Fp8::from_bits(std::uint8_t(i));
+    std::vector<float> scalar(256), vector(256);
+    cpu::detail::widen(all.data(), scalar.data(), 256);
+    using vec = cpu::detail::float8;  // the load the kernels use, whatever the build's ISA
+    for (int i = 0; i < 256; i += vec::lanes) vec::load(all.data() + i).store(vector.data() + i);
+    int mismatches = 0;
+    for (int i = 0; i < 256; ++i) {
+        const float expected = static_cast<float>(all[i]);  // core's exact conversion, tested against the format's definition
+        mismatches += std::memcmp(&expected, &scalar[i], 4) != 0;
+        mismatches += std::memcmp(&expected, &vector[i], 4) != 0;
+    }
+    CHECK(mismatches == 0);
+}
+
 TEST_CASE("cpu backend passes the backend suite: bfloat16 in every layout") {
     const cpu_backend cpu;
     check_layout<scatter_factory, bfloat16>(cpu, "cpu");

@@ -59,8 +59,11 @@ KVCACHE_HOST_DEVICE constexpr std::uint32_t float8_bits_to_float_bits(std::uint8
     const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
     const std::uint32_t exponent = (b >> m_bits) & Encoding::exponent_mask;
     std::uint32_t mantissa = b & Encoding::mantissa_mask;
-    if (Encoding::has_infinity ? exponent == Encoding::exponent_mask : (b & 0x7fu) == 0x7fu)
-        return sign | 0x7f800000u | (mantissa != 0 || !Encoding::has_infinity ? 0x00400000u : 0u);
+    // e4m3's lone NaN widens to float's canonical quiet NaN; e5m2's infinity
+    // to infinity, its NaNs made quiet keeping their payload (as F16C widens a half).
+    if (!Encoding::has_infinity && (b & 0x7fu) == 0x7fu) return sign | 0x7fc00000u;
+    if (Encoding::has_infinity && exponent == Encoding::exponent_mask)
+        return mantissa == 0 ? sign | 0x7f800000u : sign | 0x7fc00000u | (mantissa << (23 - m_bits));
     if (exponent == 0) {
         if (mantissa == 0) return sign;
         // Subnormal: shift the leading one into the implicit bit; every fp8

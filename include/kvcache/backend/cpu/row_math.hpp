@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kvcache/core/bfloat16.hpp"
+#include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
 
 namespace kvcache {
@@ -58,6 +59,46 @@ inline void widen(const half* __restrict source, float* __restrict destination, 
 inline void widen(const bfloat16* __restrict source, float* __restrict destination, int n) noexcept {
     for (int i = 0; i < n; ++i) {
         const std::uint32_t bits = std::uint32_t(source[i].bits) << 16;
+        std::memcpy(destination + i, &bits, 4);
+    }
+}
+
+/// Exact fp8 e4m3 -> float for n values, as half is widened above: the
+/// magnitude bits shifted into a float and multiplied by 2^120 rebias normals
+/// and subnormals alike; the lone NaN (S.1111.111) is patched in by a mask.
+inline void widen(const float8_e4m3* __restrict source, float* __restrict destination, int n) noexcept {
+    for (int i = 0; i < n; ++i) {
+        const std::uint32_t b = source[i].bits;
+        const std::uint32_t magnitude = b & 0x7fu;
+        const std::uint32_t shifted_bits = magnitude << 20;
+        float shifted;
+        std::memcpy(&shifted, &shifted_bits, 4);
+        const float rebiased = shifted * 0x1p120f;
+        std::uint32_t bits;
+        std::memcpy(&bits, &rebiased, 4);
+        const std::uint32_t special = 0u - std::uint32_t(magnitude == 0x7fu);  // all ones for NaN
+        bits = (0x7fc00000u & special) | (bits & ~special);
+        bits |= (b & 0x80u) << 24;
+        std::memcpy(destination + i, &bits, 4);
+    }
+}
+
+/// Exact fp8 e5m2 -> float for n values: the same with 2^112 (e5m2 has half's
+/// exponent), infinities and NaN patched in by a mask (NaN quiet, as F16C gives it).
+inline void widen(const float8_e5m2* __restrict source, float* __restrict destination, int n) noexcept {
+    for (int i = 0; i < n; ++i) {
+        const std::uint32_t b = source[i].bits;
+        const std::uint32_t magnitude = b & 0x7fu;
+        const std::uint32_t shifted_bits = magnitude << 21;
+        float shifted;
+        std::memcpy(&shifted, &shifted_bits, 4);
+        const float rebiased = shifted * 0x1p112f;
+        std::uint32_t bits;
+        std::memcpy(&bits, &rebiased, 4);
+        const std::uint32_t special = 0u - std::uint32_t(magnitude >= 0x7cu);  // all ones for inf / NaN
+        const std::uint32_t quiet = std::uint32_t((magnitude & 0x3u) != 0) << 22;  // NaN comes out quiet, payload kept
+        bits = ((shifted_bits | 0x7f800000u | quiet) & special) | (bits & ~special);
+        bits |= (b & 0x80u) << 24;
         std::memcpy(destination + i, &bits, 4);
     }
 }

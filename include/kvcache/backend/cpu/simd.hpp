@@ -2,7 +2,8 @@
 // targets (AVX-512, else AVX2+FMA), else a plain 8-float array whose loops the
 // compiler maps to whatever it has (SSE2 in a plain x86-64 build). Binary16
 // rows widen on load: with F16C in hardware, else by the exact software
-// conversion of row_math.hpp; bfloat16 rows widen by a 16-bit shift. The
+// conversion of row_math.hpp; bfloat16 rows widen by a 16-bit shift, fp8
+// rows through binary16 (AVX2) or the software widening. The
 // kernels are written once against this.
 // Everything here lives in the ISA-keyed inline namespace of isa.hpp, since
 // its layout and code change with -march.
@@ -14,6 +15,7 @@
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/core/bfloat16.hpp"
+#include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
 
 #if KVCACHE_CPU_AVX2_FMA
@@ -46,6 +48,24 @@ struct float8 {
         const __m256i widened = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
         return {_mm256_castsi256_ps(_mm256_slli_epi32(widened, 16))};
     }
+    // fp8 widens through binary16 and F16C (which the AVX2 path implies):
+    // e5m2 is a half's top byte; e4m3 shifted into a half reads 2^-8 of its
+    // value, exactly, and its lone NaN (S.1111.111) is patched in.
+    static float8 load(const float8_e5m2* p) noexcept {
+        const __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+        return {_mm256_cvtph_ps(_mm_slli_epi16(bytes, 8))};
+    }
+    static float8 load(const float8_e4m3* p) noexcept {
+        const __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+        const __m128i magnitude = _mm_and_si128(bytes, _mm_set1_epi16(0x7f));
+        const __m128i as_half = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x80)), 8),
+                                             _mm_slli_epi16(magnitude, 7));
+        const __m256 value = _mm256_mul_ps(_mm256_cvtph_ps(as_half), _mm256_set1_ps(256.0f));
+        const __m256 is_nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7f))));
+        const __m256 nan = _mm256_or_ps(_mm256_and_ps(value, _mm256_set1_ps(-0.0f)),
+                                        _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
+        return {_mm256_blendv_ps(value, nan, is_nan)};
+    }
     void store(float* p) const noexcept { _mm256_storeu_ps(p, v); }
     friend float8 fma(float8 a, float8 b, float8 c) noexcept { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
     friend float8 operator*(float8 a, float8 b) noexcept { return {_mm256_mul_ps(a.v, b.v)}; }
@@ -74,6 +94,16 @@ struct float8 {
         return r;
     }
     static float8 load(const bfloat16* p) noexcept {
+        float8 r;
+        widen(p, r.v, 8);
+        return r;
+    }
+    static float8 load(const float8_e4m3* p) noexcept {
+        float8 r;
+        widen(p, r.v, 8);
+        return r;
+    }
+    static float8 load(const float8_e5m2* p) noexcept {
         float8 r;
         widen(p, r.v, 8);
         return r;

@@ -5,13 +5,17 @@
 // recomputes the whole history each turn, and both must reply the same.
 // With --conversations N, N conversations take turns on a pool too small for
 // all of them: idle ones are swapped out to the cache's host tier and come
-// back from it when their user returns.
+// back from it when their user returns. With --disk-tier DIR as well, each
+// turn is a new request again: the prefix pages the small pool evicts spill
+// to a host tier, and those the host tier evicts to files in DIR; a returning
+// conversation's history comes back from whichever tier holds it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -57,7 +61,20 @@ options:
                    swapped out to the host tier and swapped back in when its
                    user returns. Prints each returning turn's time to first
                    token from the host tier against recomputing the history.
-  --pool-pages N   swap mode: pages in the pool (default: room for two conversations)
+  --pool-pages N   swap and disk-tier modes: pages in the pool (default: room
+                   for two conversations)
+  --disk-tier DIR  with --conversations (the disk-tier mode): every turn is a
+                   new request sharing its history through the prefix cache;
+                   cached pages the pool evicts spill to a host tier, those it
+                   evicts to files in DIR (an existing, writable directory).
+                   Conversations return in a seeded random order, so their
+                   history is found in the pool, the host tier or on disk.
+                   Prints each returning turn's time to first token by the
+                   tier it came from against recomputing the history, the
+                   bytes moved per tier, and compares every reply with a run
+                   on a pool large enough for all conversations.
+  --host-pages N   disk-tier mode: pages of the host tier (default: room for
+                   one conversation)
   --help           this text
 )";
 
@@ -160,6 +177,12 @@ private:
     int vocab_size_;
 };
 
+/// The next user message: a length drawn from [user[0], user[1]], then its tokens.
+std::vector<int> user_message(conversation_tokens& random_tokens, const std::vector<int>& user) {
+    const int span = user[1] - user[0] + 1;
+    return random_tokens(user[0] + static_cast<int>(random_tokens.next() % span));
+}
+
 /// One conversation of the swap mode: its sequence stays in the cache between turns.
 struct conversation {
     kvcache::sequence_id sequence = -1;
@@ -207,8 +230,7 @@ int run_swap_mode(ex::llama_model& model, const ex::model_config& config, int co
     for (int turn = 1; turn <= turns; ++turn) {
         for (int index = 0; index < conversations; ++index) {
             conversation& c = chats[index];
-            const int span = user[1] - user[0] + 1;
-            const std::vector<int> message = random_tokens(user[0] + static_cast<int>(random_tokens.next() % span));
+            const std::vector<int> message = user_message(random_tokens, user);
             c.history.insert(c.history.end(), message.begin(), message.end());
             const turn_result expected = serve(scratch, model, c.history, reply_tokens, false);
 
@@ -285,10 +307,131 @@ int run_swap_mode(ex::llama_model& model, const ex::model_config& config, int co
     return identical && returning > 0 ? 0 : 1;
 }
 
+/// Times of the returning turns whose history came (at its deepest) from one tier.
+struct tier_times {
+    int turns = 0;
+    double first_token = 0, recompute = 0;  // seconds, summed
+};
+
+/// The disk-tier mode: conversations return in a seeded random order, each
+/// turn a new request whose history is shared through the prefix cache; the
+/// pool's evicted pages spill to a host tier and on to files in directory.
+/// Every reply is compared with the same turn on a pool that holds every
+/// conversation, and each turn's time to first token with recomputing it.
+int run_tier_mode(ex::llama_model& model, const ex::model_config& config, int conversations, int pool_pages,
+                  int host_pages, const std::string& directory, int turns, int system_tokens,
+                  const std::vector<int>& user, int reply_tokens, int page_size, int layers, int seed, int threads) {
+    const long longest = system_tokens + static_cast<long>(turns) * (user[1] + reply_tokens);
+    const int pages_each = static_cast<int>(longest / page_size + 2);
+    if (pool_pages == 0) pool_pages = 2 * pages_each;
+    if (host_pages == 0) host_pages = pages_each;
+    if (pool_pages < pages_each)
+        throw ex::usage_error("--pool-pages " + std::to_string(pool_pages) + " cannot hold one conversation of up to " +
+                              std::to_string(longest) + " tokens (" + std::to_string(pages_each) + " pages)");
+    chat_cache tiered(layers, pool_pages, page_size, /*prefix_caching=*/true);
+    tiered.attach_host_tier(host_pages);
+    try {
+        tiered.attach_disk_tier(directory, conversations * pages_each);
+    } catch (const kvcache::error& e) {
+        if (e.code() != kvcache::error_code::io_error) throw;
+        throw ex::usage_error("--disk-tier '" + directory + "' is not a writable directory (it must exist)");
+    }
+    // Every turn leaves its pages cached and the next turn of the conversation shares them: room for all of them.
+    chat_cache unlimited(layers, 2 * conversations * pages_each + 2, page_size, /*prefix_caching=*/true);
+    chat_cache scratch(layers, pages_each + 2, page_size, /*prefix_caching=*/false);  // the recompute runs
+
+    std::printf("model: Llama-architecture decoder, %s, random weights (seed %d)\n", config.describe().c_str(), seed);
+    std::printf("cache: paged, %d pages of %d tokens (a conversation needs up to %d), host tier of %d pages, disk "
+                "tier of %d pages in %s, fp32, %d threads\n",
+                pool_pages, page_size, pages_each, tiered.host_tier_pages(), tiered.disk_tier_pages(),
+                directory.c_str(), threads);
+    std::printf("conversations: %d, %d turns each in a seeded random order, system prompt %d tokens, user messages "
+                "%d..%d, replies %d\n\n",
+                conversations, turns, system_tokens, user[0], user[1], reply_tokens);
+    std::printf("%4s | %4s | %7s | %-10s | %4s | %4s | %4s | %14s | %12s | %9s\n", "turn", "conv", "history", "from",
+                "pool", "host", "disk", "first token ms", "recompute ms", "identical");
+
+    conversation_tokens random_tokens(seed, config.vocab_size);
+    {  // warm-up (threads started, memory touched)
+        std::vector<int> warm(std::min(system_tokens + user[0], page_size * pages_each - 1), 1);
+        serve(scratch, model, warm, 2, false);
+    }
+    // Each conversation's first turn in order, then the others shuffled, so a
+    // conversation returns after a varying number of other turns.
+    std::vector<int> order;
+    for (int t = 0; t < turns; ++t)
+        for (int c = 0; c < conversations; ++c) order.push_back(c);
+    for (std::size_t i = order.size() - 1; i > std::size_t(conversations); --i)
+        std::swap(order[i], order[conversations + random_tokens.next() % (i - conversations + 1)]);
+    std::vector<std::vector<int>> histories(conversations);
+    for (auto& h : histories) h = random_tokens(system_tokens);
+    std::vector<bool> started(conversations, false);
+    tier_times pool_times, host_times, disk_times;
+    bool identical = true;
+    for (std::size_t step = 0; step < order.size(); ++step) {
+        std::vector<int>& history = histories[order[step]];
+        const std::vector<int> message = user_message(random_tokens, user);
+        history.insert(history.end(), message.begin(), message.end());
+        const turn_result expected = serve(unlimited, model, history, reply_tokens, true);
+        const turn_result recomputed = serve(scratch, model, history, reply_tokens, false);
+        const auto before = tiered.statistics();
+        const turn_result r = serve(tiered, model, history, reply_tokens, true);
+        const auto after = tiered.statistics();
+        const int host = static_cast<int>(after.host_prefix_hit_pages - before.host_prefix_hit_pages);
+        const int disk = static_cast<int>(after.disk_prefix_hit_pages - before.disk_prefix_hit_pages);
+        const int pool = r.reused / page_size - host - disk;
+        // A turn counts under the deepest tier it needed: the slowest part of its bring-back.
+        const char* from = !started[order[step]] ? "new" : disk > 0 ? "disk tier" : host > 0 ? "host tier"
+                                                         : pool > 0 ? "pool" : "recomputed";
+        tier_times* times = disk > 0 ? &disk_times : host > 0 ? &host_times : pool > 0 ? &pool_times : nullptr;
+        if (started[order[step]] && times) {
+            ++times->turns;
+            times->first_token += r.prefill_seconds;
+            times->recompute += recomputed.prefill_seconds;
+        }
+        started[order[step]] = true;
+        const bool same = r.reply == expected.reply;
+        identical = identical && same;
+        std::printf("%4zu | %4d | %7zu | %-10s | %4d | %4d | %4d | %14.2f | %12.2f | %9s\n", step + 1, order[step] + 1,
+                    history.size(), from, pool, host, disk, r.prefill_seconds * 1e3, recomputed.prefill_seconds * 1e3,
+                    same ? "yes" : "NO");
+        std::fflush(stdout);
+        history.insert(history.end(), r.reply.begin(), r.reply.end());
+    }
+    // The reference must have kept everything, or it would not be the unlimited pool it stands for.
+    if (unlimited.statistics().evictions != 0) throw std::logic_error("03_chat: the unlimited pool evicted pages");
+    std::printf("\n");
+    const auto report = [](const char* tier, const tier_times& t) {
+        std::printf("returning turns from the %s: %d; time to first token %.2f ms, %.2f ms recomputing the history "
+                    "(%.1fx)\n",
+                    tier, t.turns, t.turns ? t.first_token * 1e3 / t.turns : 0.0,
+                    t.turns ? t.recompute * 1e3 / t.turns : 0.0, t.first_token > 0 ? t.recompute / t.first_token : 0.0);
+    };
+    report("pool", pool_times);
+    report("host tier", host_times);
+    report("disk tier", disk_times);
+    const auto st = tiered.statistics();
+    const double page_mib = double(st.bytes_reserved) / st.pages_total / (1 << 20);
+    std::printf("moved: host tier %llu pages (%.2f MiB) spilled in, %llu pages (%.2f MiB) brought back; disk tier %llu "
+                "pages (%.2f MiB) written, %llu pages (%.2f MiB) read\n",
+                static_cast<unsigned long long>(st.pages_spilled), double(st.pages_spilled) * page_mib,
+                static_cast<unsigned long long>(st.host_prefix_hit_pages), double(st.host_prefix_hit_pages) * page_mib,
+                static_cast<unsigned long long>(st.pages_written_to_disk), double(st.bytes_written_to_disk) / (1 << 20),
+                static_cast<unsigned long long>(st.disk_prefix_hit_pages), double(st.bytes_read_from_disk) / (1 << 20));
+    std::printf("prefix pages missed: %llu in the pool, %llu in the host tier, %llu on disk (%llu page files "
+                "refused)\n",
+                static_cast<unsigned long long>(st.pool_prefix_miss_pages),
+                static_cast<unsigned long long>(st.host_prefix_miss_pages),
+                static_cast<unsigned long long>(st.disk_prefix_miss_pages),
+                static_cast<unsigned long long>(st.disk_pages_refused));
+    std::printf("replies identical to an unlimited pool: %s\n", identical ? "yes" : "no");
+    return identical ? 0 : 1;
+}
+
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help"},
                        {"--turns", "--system", "--user", "--reply", "--page-size", "--layers", "--threads", "--seed",
-                        "--conversations", "--pool-pages"});
+                        "--conversations", "--pool-pages", "--disk-tier", "--host-pages"});
     if (args.has("--help")) {
         std::cout << usage;
         return 0;
@@ -309,6 +452,14 @@ int run(int argc, char** argv) {
     kvcache::cpu::set_thread_count(threads);
     ex::llama_model model(ex::make_random_weights(config, static_cast<std::uint64_t>(seed)), pool);
     const int conversations = args.integer("--conversations", 0, 0, 1 << 12);
+    if (args.has("--disk-tier") && conversations == 0)
+        throw ex::usage_error("--disk-tier needs --conversations N (N >= 1): it is a mode of several conversations");
+    if (args.has("--host-pages") && !args.has("--disk-tier"))
+        throw ex::usage_error("--host-pages sizes the host tier of the --disk-tier mode; give --disk-tier DIR too");
+    if (args.has("--disk-tier"))
+        return run_tier_mode(model, config, conversations, args.integer("--pool-pages", 0, 0, 1 << 24),
+                             args.integer("--host-pages", 0, 1, 1 << 24), args.text("--disk-tier", ""), turns,
+                             system_tokens, user, reply_tokens, page_size, layers, seed, pool.size());
     if (conversations > 0)
         return run_swap_mode(model, config, conversations, args.integer("--pool-pages", 0, 0, 1 << 24), turns,
                              system_tokens, user, reply_tokens, page_size, layers, seed, pool.size());
@@ -339,8 +490,7 @@ int run(int argc, char** argv) {
     long reused_total = 0, history_total = 0;
     int cached_length = 0;  // positions the previous turn left in the cache
     for (int turn = 1; turn <= turns; ++turn) {
-        const int span = user[1] - user[0] + 1;
-        const std::vector<int> message = random_tokens(user[0] + static_cast<int>(random_tokens.next() % span));
+        const std::vector<int> message = user_message(random_tokens, user);
         history.insert(history.end(), message.begin(), message.end());
 
         const turn_result fast = serve(with_prefix, model, history, reply_tokens, true);

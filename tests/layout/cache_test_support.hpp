@@ -46,6 +46,12 @@ std::string snapshot(const Cache& cache) {
             << s.evictions << "," << s.copies;
         out << "|tiers " << s.host_pages_used << "," << s.host_pages_cached << "," << s.sequences_swapped_out << ","
             << s.disk_pages_used;
+        // The running counters too: a refused call must not count anything either.
+        out << "|counters " << s.prefix_queried_pages << "," << s.prefix_hit_pages << "," << s.pages_swapped_out << ","
+            << s.pages_swapped_in << "," << s.swap_copies_avoided << "," << s.pages_spilled << ","
+            << s.host_prefix_hit_pages << "," << s.pages_written_to_disk << "," << s.disk_prefix_hit_pages << ","
+            << s.disk_pages_refused << "," << s.bytes_written_to_disk << "," << s.bytes_read_from_disk << ","
+            << s.pool_prefix_miss_pages << "," << s.host_prefix_miss_pages << "," << s.disk_prefix_miss_pages;
         for (auto id : cache.sequences()) out << (cache.swapped_out(id) ? "s" : "r");
         for (auto id : cache.sequences())
             for (int p : cache.pages(id)) out << ";" << p << "x" << cache.page_references(p);

@@ -338,6 +338,10 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
             const auto st = cache.statistics();
             REQUIRE(st.host_pages_used <= st.host_pages_total);
             REQUIRE(st.pages_used + st.pages_free + st.pages_evictable == st.pages_total);
+            // A tier is asked only for what the one above missed; each lookup there is a hit, a miss,
+            // or a find left there for lack of room.
+            REQUIRE(st.host_prefix_hit_pages + st.host_prefix_miss_pages <= st.pool_prefix_miss_pages);
+            REQUIRE(st.disk_prefix_hit_pages + st.disk_prefix_miss_pages <= st.host_prefix_miss_pages);
         }
         CHECK(swaps > 20);
         CHECK(refused > 0);  // the pool and the tier ran out at times
@@ -502,6 +506,11 @@ TEST_CASE("a damaged or missing page file is a miss, never wrong rows") {
     CHECK(matched == page);  // the first page read back, the match ends at the damaged second
     CHECK(st.disk_pages_refused == st0.disk_pages_refused + 1);
     CHECK(st.disk_prefix_hit_pages == std::uint64_t(matched / page));
+    // Pages 0 and 1 were asked of the pool and the host tier, neither held them;
+    // the disk refused page 1 (a miss), and page 2 was never looked up.
+    CHECK(st.pool_prefix_miss_pages == st0.pool_prefix_miss_pages + 2);
+    CHECK(st.host_prefix_miss_pages == st0.host_prefix_miss_pages + 2);
+    CHECK(st.disk_prefix_miss_pages == st0.disk_prefix_miss_pages + 1);
     const std::vector<std::int32_t> rest(prompts[0].begin() + matched, prompts[0].end());
     append_tokens(cache, a, rest);  // the rest is recomputed
     check_rows(cache, a, prompts[0]);
@@ -512,4 +521,78 @@ TEST_CASE("a damaged or missing page file is a miss, never wrong rows") {
     (void)cache.match_prefix(b, lookup);
     append_tokens(cache, b, {prompts[0].begin() + cache.length(b), prompts[0].end()});
     check_rows(cache, b, prompts[0]);
+}
+
+TEST_CASE("a prefix page missed in a tier is counted there, once per tier asked") {
+    // The state fill_through_tiers leaves: prompt 0 in disk files, prompt 1 in the
+    // host tier, prompt 2 in the pool. Each subcase starts from it afresh.
+    cache_type cache(layers, 4, page, true);
+    cache.attach_host_tier(4);
+    cache.attach_disk_tier(fresh_directory("misses"), 8);
+    const auto prompts = fill_through_tiers(cache);
+    const auto st0 = cache.statistics();
+    REQUIRE(st0.pool_prefix_miss_pages == 0);  // nothing was looked up yet
+    const auto lookup_of = [](const std::vector<std::int32_t>& prompt) {
+        return std::vector<std::int32_t>(prompt.begin(), prompt.end() - 1);  // three full pages
+    };
+    const auto a = cache.add_sequence();
+    struct expected {
+        std::uint64_t pool, host, disk;
+    };
+    const auto check_misses = [&](expected e) {
+        const auto st = cache.statistics();
+        CHECK(st.pool_prefix_miss_pages == e.pool);
+        CHECK(st.host_prefix_miss_pages == e.host);
+        CHECK(st.disk_prefix_miss_pages == e.disk);
+    };
+    SUBCASE("pages in the pool miss nowhere") {
+        CHECK(cache.match_prefix(a, lookup_of(prompts[2])) == 3 * page);
+        check_misses({0, 0, 0});
+    }
+    SUBCASE("pages in the host tier miss in the pool only") {
+        CHECK(cache.match_prefix(a, lookup_of(prompts[1])) == 3 * page);
+        check_misses({3, 0, 0});
+        CHECK(cache.statistics().host_prefix_hit_pages == 3);
+    }
+    SUBCASE("pages on disk miss in the pool and the host tier") {
+        CHECK(cache.match_prefix(a, lookup_of(prompts[0])) == 3 * page);
+        check_misses({3, 3, 0});
+        CHECK(cache.statistics().disk_prefix_hit_pages == 3);
+    }
+    SUBCASE("tokens nobody cached miss in every tier, and the walk stops at the first page") {
+        CHECK(cache.match_prefix(a, tokens_from(7000, 3 * page)) == 0);
+        check_misses({1, 1, 1});
+        CHECK(cache.statistics().prefix_queried_pages == st0.prefix_queried_pages + 3);
+    }
+    SUBCASE("a chain found in the host tier, then a page found nowhere") {
+        auto lookup = prompts[1];  // four pages in the host tier
+        const auto more = tokens_from(7000, page + 1);
+        lookup.insert(lookup.end(), more.begin(), more.end());  // then a fifth full page and one token
+        CHECK(cache.match_prefix(a, lookup) == 4 * page);
+        check_misses({5, 1, 1});
+    }
+}
+
+TEST_CASE("a tier the cache lacks is never asked, so never misses") {
+    const auto unknown = tokens_from(7000, 2 * page);  // two full pages nobody cached
+    for (const int tiers : {0, 1}) {
+        INFO(tiers << " tiers below the pool");
+        cache_type cache(layers, 4, page, true);
+        if (tiers > 0) cache.attach_host_tier(4);
+        const auto a = cache.add_sequence();
+        CHECK(cache.match_prefix(a, unknown) == 0);
+        const auto st = cache.statistics();
+        CHECK(st.pool_prefix_miss_pages == 1);  // the walk ends at the first page
+        CHECK(st.host_prefix_miss_pages == std::uint64_t(tiers));
+        CHECK(st.disk_prefix_miss_pages == 0);
+    }
+    // Without prefix caching nothing is looked up at all, though the pages were offered.
+    cache_type plain(layers, 4, page, false);
+    plain.attach_host_tier(4);
+    const auto b = plain.add_sequence();
+    CHECK(plain.match_prefix(b, unknown) == 0);
+    const auto st = plain.statistics();
+    CHECK(st.prefix_queried_pages == 2);
+    CHECK(st.pool_prefix_miss_pages == 0);
+    CHECK(st.host_prefix_miss_pages == 0);
 }

@@ -45,6 +45,17 @@ struct pool_statistics {
     std::uint64_t pages_written_to_disk = 0; ///< spilled pages the host tier evicted, written to files
     std::uint64_t disk_prefix_hit_pages = 0; ///< of prefix_hit_pages, pages read back from files
     std::uint64_t disk_pages_refused = 0;    ///< page files missing, damaged or foreign when read (misses)
+    // Misses, per tier. match_prefix walks the offered pages in order and looks
+    // each up in the pool's index, then (not there) in the host tier, then (not
+    // there either) in the disk tier, and stops at the first page no tier holds.
+    // A miss is one such lookup of one page in one tier that did not find it:
+    // pages past the walk's end are looked up nowhere, a tier the cache lacks is
+    // never looked up, and a page found in a tier but left there (the pool had no
+    // room to bring it back) is neither a hit nor a miss of that tier.
+    std::uint64_t pool_prefix_miss_pages = 0; ///< pages looked up in the pool's prefix index and not found there
+    std::uint64_t host_prefix_miss_pages = 0; ///< of pool_prefix_miss_pages, pages then not found in the host tier
+    std::uint64_t disk_prefix_miss_pages = 0; ///< of host_prefix_miss_pages, pages then not read back from a file
+                                              ///< (no file for them, or one refused: see disk_pages_refused)
     std::uint64_t bytes_written_to_disk = 0, bytes_read_from_disk = 0;
 
     /// Hit pages / queried pages (0 before any query).

@@ -175,8 +175,14 @@ public:
             const int page = pool_.find(hash, parent, tokens, page_size_);
             const int host = page < 0 && tier_.size() > 0 ? tier_.find(hash, parent, tokens, page_size_) : -1;
             hit h{page, host, hash, parent, {}, {}};
+            // A miss is counted in each tier that was asked (see pool_statistics).
+            pool_misses_ += page < 0 ? 1 : 0;
+            host_misses_ += page < 0 && tier_.size() > 0 && host < 0 ? 1 : 0;
             // Disk pages are read now: a later spill could evict their files. A damaged one ends the match.
-            if (page < 0 && host < 0 && !disk_.load(hash, parent, tokens, page_size_, h.keys, h.values)) break;
+            if (page < 0 && host < 0 && !disk_.load(hash, parent, tokens, page_size_, h.keys, h.values)) {
+                disk_misses_ += disk_.size() > 0 ? 1 : 0;
+                break;
+            }
             if (page >= 0) pool_.retain(page);
             else if (host >= 0) tier_.retain(host);
             chain.push_back(std::move(h));
@@ -479,6 +485,9 @@ public:
         st.pages_written_to_disk = disk_.counters().stored;
         st.disk_prefix_hit_pages = disk_hits_;
         st.disk_pages_refused = disk_.counters().damaged;
+        st.pool_prefix_miss_pages = pool_misses_;
+        st.host_prefix_miss_pages = host_misses_;
+        st.disk_prefix_miss_pages = disk_misses_;
         st.bytes_written_to_disk = disk_.counters().bytes_written;
         st.bytes_read_from_disk = disk_.counters().bytes_read;
         return st;
@@ -761,6 +770,7 @@ private:
     detail::host_tier<Element, Memory> tier_;
     std::uint64_t swapped_out_pages_ = 0, swapped_in_pages_ = 0, swap_copies_avoided_ = 0;
     std::uint64_t spilled_pages_ = 0, host_hits_ = 0, disk_hits_ = 0;
+    std::uint64_t pool_misses_ = 0, host_misses_ = 0, disk_misses_ = 0;  // match_prefix lookups not found, per tier
     detail::disk_tier<Element> disk_;  // after tier_: pages move host -> disk
     std::uint64_t queried_ = 0, hits_ = 0, copies_ = 0;
 };

@@ -37,19 +37,26 @@ inline void scale(float a, float* y, int n) noexcept {
 /// exponent/mantissa bits shifted into a float and multiplied by 2^112 rebias
 /// normals and subnormals alike; infinities and NaN are patched in by a mask
 /// (a select or branch here stops g++ from vectorising the loop).
+/// The bits of (magnitude << shift), read as a float, times factor: the
+/// rebiasing step every narrow float format's widening shares.
+inline std::uint32_t shifted_and_rebiased(std::uint32_t magnitude, int shift, float factor) noexcept {
+    const std::uint32_t shifted_bits = magnitude << shift;
+    float shifted;
+    std::memcpy(&shifted, &shifted_bits, 4);
+    const float rebiased = shifted * factor;
+    std::uint32_t bits;
+    std::memcpy(&bits, &rebiased, 4);
+    return bits;
+}
+
 inline void widen(const half* __restrict source, float* __restrict destination, int n) noexcept {
     for (int i = 0; i < n; ++i) {
         const std::uint32_t h = source[i].bits;
         const std::uint32_t sign = (h & 0x8000u) << 16;
         const std::uint32_t magnitude = h & 0x7fffu;
-        const std::uint32_t shifted_bits = magnitude << 13;
-        float shifted;
-        std::memcpy(&shifted, &shifted_bits, 4);
-        const float rebiased = shifted * 0x1p112f;
-        std::uint32_t bits;
-        std::memcpy(&bits, &rebiased, 4);
+        std::uint32_t bits = shifted_and_rebiased(magnitude, 13, 0x1p112f);
         const std::uint32_t special = 0u - std::uint32_t(magnitude >= 0x7c00u);  // all ones for inf / NaN
-        bits = ((shifted_bits | 0x7f800000u) & special) | (bits & ~special);
+        bits = (((magnitude << 13) | 0x7f800000u) & special) | (bits & ~special);
         bits |= sign;
         std::memcpy(destination + i, &bits, 4);
     }
@@ -70,12 +77,7 @@ inline void widen(const float8_e4m3* __restrict source, float* __restrict destin
     for (int i = 0; i < n; ++i) {
         const std::uint32_t b = source[i].bits;
         const std::uint32_t magnitude = b & 0x7fu;
-        const std::uint32_t shifted_bits = magnitude << 20;
-        float shifted;
-        std::memcpy(&shifted, &shifted_bits, 4);
-        const float rebiased = shifted * 0x1p120f;
-        std::uint32_t bits;
-        std::memcpy(&bits, &rebiased, 4);
+        std::uint32_t bits = shifted_and_rebiased(magnitude, 20, 0x1p120f);
         const std::uint32_t special = 0u - std::uint32_t(magnitude == 0x7fu);  // all ones for NaN
         bits = (0x7fc00000u & special) | (bits & ~special);
         bits |= (b & 0x80u) << 24;
@@ -89,15 +91,10 @@ inline void widen(const float8_e5m2* __restrict source, float* __restrict destin
     for (int i = 0; i < n; ++i) {
         const std::uint32_t b = source[i].bits;
         const std::uint32_t magnitude = b & 0x7fu;
-        const std::uint32_t shifted_bits = magnitude << 21;
-        float shifted;
-        std::memcpy(&shifted, &shifted_bits, 4);
-        const float rebiased = shifted * 0x1p112f;
-        std::uint32_t bits;
-        std::memcpy(&bits, &rebiased, 4);
+        std::uint32_t bits = shifted_and_rebiased(magnitude, 21, 0x1p112f);
         const std::uint32_t special = 0u - std::uint32_t(magnitude >= 0x7cu);  // all ones for inf / NaN
         const std::uint32_t quiet = std::uint32_t((magnitude & 0x3u) != 0) << 22;  // NaN comes out quiet, payload kept
-        bits = ((shifted_bits | 0x7f800000u | quiet) & special) | (bits & ~special);
+        bits = (((magnitude << 21) | 0x7f800000u | quiet) & special) | (bits & ~special);
         bits |= (b & 0x80u) << 24;
         std::memcpy(destination + i, &bits, 4);
     }

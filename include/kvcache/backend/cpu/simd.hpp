@@ -88,22 +88,10 @@ struct float8 {
         for (int i = 0; i < 8; ++i) r.v[i] = p[i];
         return r;
     }
-    static float8 load(const half* p) noexcept {
-        float8 r;
-        widen(p, r.v, 8);
-        return r;
-    }
-    static float8 load(const bfloat16* p) noexcept {
-        float8 r;
-        widen(p, r.v, 8);
-        return r;
-    }
-    static float8 load(const float8_e4m3* p) noexcept {
-        float8 r;
-        widen(p, r.v, 8);
-        return r;
-    }
-    static float8 load(const float8_e5m2* p) noexcept {
+    /// half, bfloat16 and fp8 rows: row_math.hpp's exact software widening.
+    /// @tparam Element a narrow storage type widen() takes
+    template <class Element>
+    static float8 load(const Element* p) noexcept {
         float8 r;
         widen(p, r.v, 8);
         return r;

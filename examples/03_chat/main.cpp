@@ -402,10 +402,14 @@ int run_tier_mode(ex::llama_model& model, const ex::model_config& config, int co
     if (unlimited.statistics().evictions != 0) throw std::logic_error("03_chat: the unlimited pool evicted pages");
     std::printf("\n");
     const auto report = [](const char* tier, const tier_times& t) {
+        if (t.turns == 0) {
+            std::printf("returning turns from the %s: 0\n", tier);
+            return;
+        }
         std::printf("returning turns from the %s: %d; time to first token %.2f ms, %.2f ms recomputing the history "
                     "(%.1fx)\n",
-                    tier, t.turns, t.turns ? t.first_token * 1e3 / t.turns : 0.0,
-                    t.turns ? t.recompute * 1e3 / t.turns : 0.0, t.first_token > 0 ? t.recompute / t.first_token : 0.0);
+                    tier, t.turns, t.first_token * 1e3 / t.turns, t.recompute * 1e3 / t.turns,
+                    t.recompute / t.first_token);
     };
     report("pool", pool_times);
     report("host tier", host_times);

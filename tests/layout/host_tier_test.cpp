@@ -569,8 +569,40 @@ TEST_CASE("a prefix page missed in a tier is counted there, once per tier asked"
         const auto more = tokens_from(7000, page + 1);
         lookup.insert(lookup.end(), more.begin(), more.end());  // then a fifth full page and one token
         CHECK(cache.match_prefix(a, lookup) == 4 * page);
-        check_misses({5, 1, 1});
+        // The four pages coming back take the whole 4-page pool, so the fifth
+        // is asked of the pool alone: no lower tier is asked for a page that
+        // could not come back.
+        check_misses({5, 0, 0});
     }
+}
+
+TEST_CASE("a pool with no room reads no page file, and the match ends where a page could not come back") {
+    cache_type cache(layers, 4, page, true);
+    cache.attach_host_tier(4);
+    cache.attach_disk_tier(fresh_directory("no_room"), 8);
+    const auto prompts = fill_through_tiers(cache);  // prompt 0: disk, prompt 1: host, prompt 2: pool
+    const std::vector<std::int32_t> lookup(prompts[0].begin(), prompts[0].end() - 1);  // three full pages on disk
+    const auto holder = cache.add_sequence();
+    append_tokens(cache, holder, tokens_from(9000, 4 * page));  // every pool page now referenced
+    REQUIRE(cache.statistics().pages_free == 0);
+    REQUIRE(cache.statistics().pages_evictable == 0);
+    const auto before = cache.statistics();
+    const auto a = cache.add_sequence();
+    CHECK(cache.match_prefix(a, lookup) == 0);
+    auto st = cache.statistics();
+    CHECK(st.bytes_read_from_disk == before.bytes_read_from_disk);  // nothing could come back, so nothing was read
+    CHECK(st.pool_prefix_miss_pages == before.pool_prefix_miss_pages + 1);  // asked of the pool, which lacked it
+    CHECK(st.host_prefix_miss_pages == before.host_prefix_miss_pages);     // and of no tier below
+    CHECK(st.disk_prefix_miss_pages == before.disk_prefix_miss_pages);
+    // Two pages of room: the match reads and keeps two pages, and asks for no third.
+    cache.truncate(holder, 2 * page);
+    CHECK(cache.match_prefix(a, lookup) == 2 * page);
+    st = cache.statistics();
+    CHECK(st.disk_prefix_hit_pages == before.disk_prefix_hit_pages + 2);
+    CHECK(st.bytes_read_from_disk > before.bytes_read_from_disk);
+    cache.remove_sequence(holder);  // room for the rest, recomputed
+    append_tokens(cache, a, {prompts[0].begin() + 2 * page, prompts[0].end()});
+    check_rows(cache, a, prompts[0]);
 }
 
 TEST_CASE("a tier the cache lacks is never asked, so never misses") {

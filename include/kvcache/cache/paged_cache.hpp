@@ -169,14 +169,18 @@ public:
         };
         std::vector<hit> chain;
         std::uint64_t parent = detail::root_hash;
+        int to_bring_back = 0;
         for (int i = 0; i < full; ++i) {
             const std::int32_t* tokens = token_ids.data() + std::size_t(i) * page_size_;
             const std::uint64_t hash = detail::chain_hash(parent, tokens, page_size_);
             const int page = pool_.find(hash, parent, tokens, page_size_);
-            const int host = page < 0 && tier_.size() > 0 ? tier_.find(hash, parent, tokens, page_size_) : -1;
-            hit h{page, host, hash, parent, {}, {}};
             // A miss is counted in each tier that was asked (see pool_statistics).
             pool_misses_ += page < 0 ? 1 : 0;
+            // A page the pool lacks and has no room for could not come back: the
+            // match ends here, before a lower tier is asked or a file is read.
+            if (page < 0 && to_bring_back >= pool_.available()) break;
+            const int host = page < 0 && tier_.size() > 0 ? tier_.find(hash, parent, tokens, page_size_) : -1;
+            hit h{page, host, hash, parent, {}, {}};
             host_misses_ += page < 0 && tier_.size() > 0 && host < 0 ? 1 : 0;
             // Disk pages are read now: a later spill could evict their files. A damaged one ends the match.
             if (page < 0 && host < 0 && !disk_.load(hash, parent, tokens, page_size_, h.keys, h.values)) {
@@ -185,6 +189,7 @@ public:
             }
             if (page >= 0) pool_.retain(page);
             else if (host >= 0) tier_.retain(host);
+            to_bring_back += page < 0 ? 1 : 0;
             chain.push_back(std::move(h));
             parent = hash;
         }

@@ -36,6 +36,34 @@ TEST_CASE("element traits") {
     static_assert(is_element_v<half> && is_element_v<float> && !is_element_v<double>);
 }
 
+TEST_CASE("fp8 element kinds: names, sizes, the scaled conversions") {
+    CHECK(element_traits<float8_e4m3>::kind == element_kind::fp8_e4m3);
+    CHECK(element_traits<float8_e5m2>::kind == element_kind::fp8_e5m2);
+    CHECK(element_size(element_kind::fp8_e4m3) == 1);
+    CHECK(element_size(element_kind::fp8_e5m2) == 1);
+    CHECK(element_size(element_kind::bf16) == 2);
+    CHECK(is_scaled_kind(element_kind::fp8_e5m2));
+    CHECK_FALSE(is_scaled_kind(element_kind::bf16));
+    CHECK(is_element_kind(4));
+    CHECK_FALSE(is_element_kind(5));
+    element_kind kind{};
+    REQUIRE(parse_element_kind("fp8", kind));
+    CHECK(kind == element_kind::fp8_e4m3);  // the engines' usual fp8 cache
+    REQUIRE(parse_element_kind("e5m2", kind));
+    CHECK(kind == element_kind::fp8_e5m2);
+    CHECK(std::string(to_string(element_kind::fp8_e4m3)) == "fp8_e4m3");
+    CHECK_FALSE(parse_element_kind("fp4", kind));
+    static_assert(is_element_v<float8_e4m3> && !is_activation_element_v<float8_e4m3> && is_scaled_element_v<float8_e5m2>);
+    static_assert(!is_scaled_element_v<half> && is_activation_element_v<bfloat16>);
+    // A stored value means float(v) * scale: 3 / 0.25 = 12 is exact in e4m3.
+    const float8_e4m3 stored = from_float_scaled<float8_e4m3>(3.0f, 0.25f);
+    CHECK(to_float(stored) == 12.0f);
+    CHECK(to_float_scaled(stored, 0.25f) == 3.0f);
+    // Past the range divided by the scale: saturates at 448, times the scale.
+    CHECK(to_float_scaled(from_float_scaled<float8_e4m3>(1000.0f, 2.0f), 2.0f) == 896.0f);
+    CHECK(to_float_scaled(from_float_scaled<half>(3.0f, 0.25f), 0.25f) == 3.0f);  // no scale for half
+}
+
 TEST_CASE("compile-time head configurations") {
     using llama3 = head_config<32, 8, 128>;
     static_assert(llama3::group_size() == 4);

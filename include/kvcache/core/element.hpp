@@ -6,29 +6,35 @@
 
 #include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/config.hpp"
+#include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
 
 namespace kvcache {
 
 /// Runtime tag of a storage element type (for dispatch, files and messages).
 /// The values are the ones save files record, so they never change.
-enum class element_kind : int { fp32 = 0, fp16 = 1, bf16 = 2 };
+enum class element_kind : int { fp32 = 0, fp16 = 1, bf16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4 };
 
-/// The name of an element kind: "fp32", "fp16" or "bf16" ("unknown" for a value outside the enum).
+/// The name of an element kind: "fp32", "fp16", "bf16", "fp8_e4m3" or "fp8_e5m2"
+/// ("unknown" for a value outside the enum).
 inline const char* to_string(element_kind kind) noexcept {
     switch (kind) {
     case element_kind::fp32: return "fp32";
     case element_kind::fp16: return "fp16";
     case element_kind::bf16: return "bf16";
+    case element_kind::fp8_e4m3: return "fp8_e4m3";
+    case element_kind::fp8_e5m2: return "fp8_e5m2";
     }
     return "unknown";
 }
 
 /// True for a value of element_kind that names a type (a file may hold any integer).
-inline constexpr bool is_element_kind(int value) noexcept { return value >= 0 && value <= 2; }
+inline constexpr bool is_element_kind(int value) noexcept {
+    return value >= int(element_kind::fp32) && value <= int(element_kind::fp8_e5m2);
+}
 
 /// Properties of a storage element type.
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3 or kvcache::float8_e5m2
 template <class Element>
 struct element_traits;
 
@@ -56,36 +62,90 @@ struct element_traits<bfloat16> {
     KVCACHE_HOST_DEVICE static bfloat16 from_float(float value) noexcept { return bfloat16(value); }
 };
 
-/// True for the element types kvcache stores.
+template <>
+struct element_traits<float8_e4m3> {
+    static constexpr element_kind kind = element_kind::fp8_e4m3;
+    static constexpr const char* name = "fp8_e4m3";
+    KVCACHE_HOST_DEVICE static float to_float(float8_e4m3 value) noexcept { return static_cast<float>(value); }
+    KVCACHE_HOST_DEVICE static float8_e4m3 from_float(float value) noexcept { return float8_e4m3(value); }
+};
+
+template <>
+struct element_traits<float8_e5m2> {
+    static constexpr element_kind kind = element_kind::fp8_e5m2;
+    static constexpr const char* name = "fp8_e5m2";
+    KVCACHE_HOST_DEVICE static float to_float(float8_e5m2 value) noexcept { return static_cast<float>(value); }
+    KVCACHE_HOST_DEVICE static float8_e5m2 from_float(float value) noexcept { return float8_e5m2(value); }
+};
+
+/// True for the types queries, outputs and new K/V rows come in (float, half,
+/// bfloat16): what attention reads and writes besides the cache.
 /// @tparam Element candidate element type
 template <class Element>
-inline constexpr bool is_element_v =
+inline constexpr bool is_activation_element_v =
     std::is_same_v<Element, float> || std::is_same_v<Element, half> || std::is_same_v<Element, bfloat16>;
+
+/// True for the one-byte float types (fp8 e4m3 and e5m2). They are stored with
+/// a scale (kv_scales): a stored value v means float(v) * scale.
+/// @tparam Element candidate element type
+template <class Element>
+inline constexpr bool is_scaled_element_v = std::is_same_v<Element, float8_e4m3> || std::is_same_v<Element, float8_e5m2>;
+
+/// True for the element types kvcache stores: the activation types and fp8.
+/// @tparam Element candidate element type
+template <class Element>
+inline constexpr bool is_element_v = is_activation_element_v<Element> || is_scaled_element_v<Element>;
 
 /// True for the 16-bit element types (half, bfloat16): stored as raw bits and widened on load.
 /// @tparam Element candidate element type
 template <class Element>
 inline constexpr bool is_16bit_element_v = std::is_same_v<Element, half> || std::is_same_v<Element, bfloat16>;
 
-/// Widens a stored element to float.
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// Widens a stored element to float (unscaled: an fp8 value's own number).
+/// @tparam Element a type is_element_v accepts
 template <class Element>
 KVCACHE_HOST_DEVICE inline float to_float(Element value) noexcept {
     return element_traits<Element>::to_float(value);
 }
 
-/// Narrows a float to a stored element (round to nearest even for half and bfloat16).
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// Narrows a float to a stored element: round to nearest even for half, bfloat16
+/// and fp8; fp8 saturates at its largest finite value (unscaled).
+/// @tparam Element a type is_element_v accepts
 template <class Element>
 KVCACHE_HOST_DEVICE inline Element from_float(float value) noexcept {
     return element_traits<Element>::from_float(value);
 }
 
-/// Bytes of one element of the given kind.
-inline constexpr int element_size(element_kind kind) noexcept { return kind == element_kind::fp32 ? 4 : 2; }
+/// Narrows a float to a stored element with its scale: value / scale for fp8
+/// (then rounded and saturated as from_float), plain from_float otherwise.
+/// @tparam Element a type is_element_v accepts
+template <class Element>
+KVCACHE_HOST_DEVICE inline Element from_float_scaled(float value, float scale) noexcept {
+    if constexpr (is_scaled_element_v<Element>) return from_float<Element>(value / scale);
+    else return from_float<Element>(value);
+}
 
-/// The element kind a name gives ("fp32", "fp16", "bf16"; also "float", "half",
-/// "bfloat16"); false when the name is none of them.
+/// Widens a stored element with its scale: float(value) * scale for fp8, plain to_float otherwise.
+/// @tparam Element a type is_element_v accepts
+template <class Element>
+KVCACHE_HOST_DEVICE inline float to_float_scaled(Element value, float scale) noexcept {
+    if constexpr (is_scaled_element_v<Element>) return to_float(value) * scale;
+    else return to_float(value);
+}
+
+/// Bytes of one element of the given kind.
+inline constexpr int element_size(element_kind kind) noexcept {
+    return kind == element_kind::fp32 ? 4 : (kind == element_kind::fp8_e4m3 || kind == element_kind::fp8_e5m2) ? 1 : 2;
+}
+
+/// True for the kinds stored with a scale (fp8).
+inline constexpr bool is_scaled_kind(element_kind kind) noexcept {
+    return kind == element_kind::fp8_e4m3 || kind == element_kind::fp8_e5m2;
+}
+
+/// The element kind a name gives ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2";
+/// also "float", "half", "bfloat16", "e4m3", "e5m2", and "fp8" for e4m3, the
+/// engines' usual fp8 cache); false when the name is none of them.
 inline bool parse_element_kind(const char* name, element_kind& kind) noexcept {
     const auto is = [name](const char* candidate) { return std::strcmp(name, candidate) == 0; };
     if (is("fp32") || is("float")) {
@@ -94,10 +154,23 @@ inline bool parse_element_kind(const char* name, element_kind& kind) noexcept {
         kind = element_kind::fp16;
     } else if (is("bf16") || is("bfloat16")) {
         kind = element_kind::bf16;
+    } else if (is("fp8_e4m3") || is("e4m3") || is("fp8")) {
+        kind = element_kind::fp8_e4m3;
+    } else if (is("fp8_e5m2") || is("e5m2")) {
+        kind = element_kind::fp8_e5m2;
     } else {
         return false;
     }
     return true;
 }
+
+/// The scales of one layer's K and V in a cache of fp8 elements: a stored key k
+/// means float(k) * key, a stored value v float(v) * value. One pair per layer
+/// (per tensor), as fp8 checkpoints ship k_scale and v_scale. Types stored
+/// without a scale keep 1 and 1.
+struct kv_scales {
+    float key = 1.0f;    ///< multiplies every stored key of the layer
+    float value = 1.0f;  ///< multiplies every stored value of the layer
+};
 
 }  // namespace kvcache

@@ -36,7 +36,7 @@ namespace kvcache {
 template <class Layout, class Input>
 struct append_params {
     static_assert(is_layout_view_v<Layout>, "kvcache::append_params needs a layout view");
-    static_assert(is_element_v<Input>, "kvcache::append_params: K/V rows are float, kvcache::half or kvcache::bfloat16");
+    static_assert(is_activation_element_v<Input>, "kvcache::append_params: K/V rows are float, kvcache::half or kvcache::bfloat16");
     static_assert(!std::is_const_v<typename Layout::element_type>,
                   "kvcache::append_params: append writes the cache, and this view's elements are const (read-only)");
     Layout view;
@@ -56,7 +56,7 @@ struct append_params {
 template <class Layout, class Query>
 struct decode_params {
     static_assert(is_layout_view_v<Layout>, "kvcache::decode_params needs a layout view");
-    static_assert(is_element_v<Query>, "kvcache::decode_params: queries are float, kvcache::half or kvcache::bfloat16");
+    static_assert(is_activation_element_v<Query>, "kvcache::decode_params: queries are float, kvcache::half or kvcache::bfloat16");
     Layout view;
     span<const Query> queries;    ///< [batch][query_heads][head_dim]
     span<Query> outputs;          ///< [batch][query_heads][head_dim]
@@ -84,7 +84,7 @@ struct decode_params {
 template <class Layout, class Query>
 struct prefill_params {
     static_assert(is_layout_view_v<Layout>, "kvcache::prefill_params needs a layout view");
-    static_assert(is_element_v<Query>, "kvcache::prefill_params: queries are float, kvcache::half or kvcache::bfloat16");
+    static_assert(is_activation_element_v<Query>, "kvcache::prefill_params: queries are float, kvcache::half or kvcache::bfloat16");
     Layout view;
     span<const Query> queries;      ///< [query tokens][query_heads][head_dim]
     span<const int> query_offsets;  ///< batch + 1 entries from 0 (CSR)
@@ -110,7 +110,7 @@ struct prefill_params {
 /// @tparam Output float, kvcache::half or kvcache::bfloat16: the merged rows' element type
 template <class State, class Output>
 struct merge_params {
-    static_assert(is_element_v<State> && is_element_v<Output>, "kvcache::merge_params: float, kvcache::half or kvcache::bfloat16 rows");
+    static_assert(is_activation_element_v<State> && is_activation_element_v<Output>, "kvcache::merge_params: float, kvcache::half or kvcache::bfloat16 rows");
     int states;               ///< partial states per row
     int rows;                 ///< query rows (tokens x query heads)
     int head_dim;             ///< elements per row, a multiple of 8

@@ -29,7 +29,7 @@ enum class contiguous_growth {
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class contiguous_cache : public detail::owner_base<contiguous_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_element_v<Element>, "kvcache::contiguous_cache stores float, kvcache::half or kvcache::bfloat16");
+    static_assert(is_element_v<Element>, "kvcache::contiguous_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3 or kvcache::float8_e5m2");
     using base = detail::owner_base<contiguous_cache, Element, Heads>;
     friend base;
 
@@ -169,8 +169,10 @@ public:
     /// the cache's memory space) the caller keeps at table, for n entries.
     view_type view_over(int layer, const int* table, int n) {
         this->check_layer(layer);
-        return view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
+        view_type v = view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
                                  capacity(), this->head_counts());
+        v.scales = this->scales(layer);
+        return v;
     }
 
     /// Bytes of every slab, used or not.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <istream>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <type_traits>
@@ -46,6 +47,38 @@ public:
     int query_heads() const noexcept { return heads_.query_heads(); }
     /// Key/value heads.
     int kv_heads() const noexcept { return heads_.kv_heads(); }
+
+    /// Sets the scales the stored keys and values of one layer are read
+    /// through (an fp8 cache: a stored key k means float(k) * scales.key, and
+    /// float rows appended are divided by it before rounding). Per layer, as
+    /// fp8 checkpoints ship k_scale and v_scale. Set them before the first
+    /// sequence: rows already stored were narrowed with the old ones. Throws
+    /// invalid_argument for a cache whose element type has no scale, a scale
+    /// that is not finite and positive, or a cache that holds sequences, and
+    /// out_of_range for a bad layer; nothing changes then.
+    void set_scales(int layer, kv_scales scales) {
+        const Derived& self = derived();
+        check_layer(layer);
+        require(is_scaled_element_v<Element>, error_code::invalid_argument, "set_scales on layer ", layer, ": a ",
+                element_traits<Element>::name, " cache stores values as they are (only fp8 caches take scales)");
+        const auto usable = [](float x) { return x > 0.0f && x <= std::numeric_limits<float>::max(); };
+        require(usable(scales.key), error_code::invalid_argument, "set_scales on layer ", layer, ": key scale ",
+                scales.key, " is not a finite positive number");
+        require(usable(scales.value), error_code::invalid_argument, "set_scales on layer ", layer, ": value scale ",
+                scales.value, " is not a finite positive number");
+        require(self.sequences_.size() == 0, error_code::invalid_argument, "set_scales on layer ", layer,
+                ": the cache holds ", self.sequences_.size(),
+                " sequences whose rows were stored with the old scales (set scales before the first sequence)");
+        if (scales_.empty()) scales_.assign(std::size_t(self.layers()), kv_scales{});
+        scales_[std::size_t(layer)] = scales;
+    }
+
+    /// The scales of one layer (1 and 1 until set_scales; always so for
+    /// element types without a scale). Throws out_of_range for a bad layer.
+    kv_scales scales(int layer) const {
+        check_layer(layer);
+        return scales_.empty() ? kv_scales{} : scales_[std::size_t(layer)];
+    }
 
     /// Appends n tokens' rows for one layer from host arrays laid out
     /// [token][kv_head][head_dim]. Layer 0 opens the step: it reserves n new
@@ -105,7 +138,9 @@ public:
     /// @tparam Values a sized buffer of the same element type
     template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
     void append(sequence_id id, int layer, const Keys& keys, const Values& values, int n) {
-        const std::vector<Element> key_rows = converted_rows(keys), value_rows = converted_rows(values);
+        check_layer(layer);
+        const kv_scales s = scales(layer);
+        const std::vector<Element> key_rows = converted_rows(keys, s.key), value_rows = converted_rows(values, s.value);
         append(id, layer, span<const Element>(key_rows), span<const Element>(value_rows), n);
     }
 
@@ -115,7 +150,9 @@ public:
     /// @tparam Values a sized buffer of the same element type
     template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
     void write(sequence_id id, int layer, int first, const Keys& key_rows, const Values& value_rows, int n) {
-        const std::vector<Element> keys = converted_rows(key_rows), values = converted_rows(value_rows);
+        check_layer(layer);
+        const kv_scales s = scales(layer);
+        const std::vector<Element> keys = converted_rows(key_rows, s.key), values = converted_rows(value_rows, s.value);
         derived().write(id, layer, first, span<const Element>(keys), span<const Element>(values), n);
     }
 
@@ -155,7 +192,7 @@ public:
             }
             records.push_back(std::move(rec));
         }
-        write_file(out, self.header(), records);
+        write_file(out, file_header(), records);
     }
 
     /// Loads every sequence of a saved file as new sequences and returns their
@@ -164,7 +201,7 @@ public:
     /// present, checksum) before anything large is allocated, and the cache
     /// changes only once it is known to fit; on any error the cache is unchanged.
     std::vector<sequence_id> load(std::istream& in) {
-        const auto records = read_file<Element>(in, derived().header());
+        const auto records = read_file<Element>(in, file_header());
         return derived().restore(records);
     }
 
@@ -199,15 +236,16 @@ protected:
     /// Rows of one token in one layer: kv_heads x head_dim elements.
     std::size_t token_row() const noexcept { return std::size_t(kv_heads()) * Heads::head_dim; }
 
-    /// Rows of another element type converted to Element (write/append of float rows).
+    /// Rows of another element type converted to Element (write/append of
+    /// float rows), divided by scale first for an fp8 cache.
     /// @tparam Rows a sized buffer of float, kvcache::half or kvcache::bfloat16
     template <class Rows>
-    static std::vector<Element> converted_rows(const Rows& rows) {
+    static std::vector<Element> converted_rows(const Rows& rows, float scale) {
         using Input = detail::range_element_t<Rows>;
-        static_assert(is_element_v<Input>, "kvcache: K/V rows are float, kvcache::half or kvcache::bfloat16");
+        static_assert(is_activation_element_v<Input>, "kvcache: K/V rows are float, kvcache::half or kvcache::bfloat16");
         const auto in = make_span(rows);
         std::vector<Element> out(in.size());
-        for (std::size_t i = 0; i < in.size(); ++i) out[i] = from_float<Element>(to_float(in[i]));
+        for (std::size_t i = 0; i < in.size(); ++i) out[i] = from_float_scaled<Element>(to_float(in[i]), scale);
         return out;
     }
 
@@ -317,7 +355,16 @@ protected:
     }
 
 private:
+    /// Derived's header with the per-layer scales a file of an fp8 cache records.
+    detail::file_header file_header() const {
+        detail::file_header h = derived().header();
+        if (is_scaled_element_v<Element>)
+            for (int l = 0; l < derived().layers(); ++l) h.scales.push_back(scales(l));
+        return h;
+    }
+
     Heads heads_{};
+    std::vector<kv_scales> scales_;  ///< [layer] once set_scales was called; empty: all 1
     Derived& derived() { return static_cast<Derived&>(*this); }
     const Derived& derived() const { return static_cast<const Derived&>(*this); }
 };

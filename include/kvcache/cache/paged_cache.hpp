@@ -37,7 +37,7 @@ namespace kvcache {
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class paged_cache : public detail::owner_base<paged_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_element_v<Element>, "kvcache::paged_cache stores float, kvcache::half or kvcache::bfloat16");
+    static_assert(is_element_v<Element>, "kvcache::paged_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3 or kvcache::float8_e5m2");
     using base = detail::owner_base<paged_cache, Element, Heads>;
     using buffer = typename Memory::template buffer<Element>;
     friend base;
@@ -229,6 +229,18 @@ public:
     }
 
     using base::write;  // also from rows of the other element type, converted
+
+    /// owner_base::set_scales, refused also while the prefix cache keeps rows
+    /// (in the pool, the host tier or on disk) that no sequence holds: they
+    /// were stored with the old scales and a later match would reuse them.
+    void set_scales(int layer, kv_scales scales) {
+        const pool_statistics st = statistics();
+        const std::size_t kept = st.pages_evictable + st.host_pages_cached + st.disk_pages_used;
+        require(kept == 0, error_code::invalid_argument, "set_scales on layer ", layer, ": the prefix cache keeps ",
+                kept, " pages stored with the old scales (", st.pages_evictable, " in the pool, ",
+                st.host_pages_cached, " in the host tier, ", st.disk_pages_used, " on disk)");
+        base::set_scales(layer, scales);
+    }
     /// Writes rows of positions [first, first + n) of one layer from host
     /// arrays [token][kv_head][head_dim]; shared pages touched are copied
     /// first (capacity_exceeded, with nothing changed, if no page is left).
@@ -454,8 +466,10 @@ public:
     /// the cache's memory space) the caller keeps at table, for n entries.
     view_type view_over(int layer, const int* table, int n) {
         this->check_layer(layer);
-        return view_type::packed(keys_[layer].data(), values_[layer].data(), table + n, table + 2 * n + 1, table, n,
+        view_type v = view_type::packed(keys_[layer].data(), values_[layer].data(), table + n, table + 2 * n + 1, table, n,
                                  page_size_, this->head_counts());
+        v.scales = this->scales(layer);
+        return v;
     }
 
     /// Pages, prefix-cache counters and bytes.

@@ -42,6 +42,9 @@ struct file_header {
     int layers = 0;
     int parameters[3] = {0, 0, 0};  ///< layout-specific: see each owner
     std::uint32_t sequences = 0;
+    /// [layer], for the scaled element kinds (fp8) only: written after the
+    /// layout parameters, a key and a value float per layer.
+    std::vector<kv_scales> scales;
 };
 
 /// One sequence to save: its length, present positions, known token ids and
@@ -303,6 +306,11 @@ void write_file(std::ostream& out, const file_header& header, const std::vector<
     w.value<std::int32_t>(header.heads.head_dim);
     w.value<std::int32_t>(header.layers);
     for (int p : header.parameters) w.value<std::int32_t>(p);
+    if (is_scaled_kind(header.element))
+        for (const kv_scales& s : header.scales) {
+            w.value<float>(s.key);
+            w.value<float>(s.value);
+        }
     w.value<std::uint32_t>(static_cast<std::uint32_t>(records.size()));
     for (const auto& r : records) {
         w.value<std::int32_t>(r.length);
@@ -361,6 +369,16 @@ inline std::uint32_t read_header(checked_reader& r, const file_header& expected)
                     describe_parameters(expected.layout, parameters), " do not match the cache's ",
                     describe_parameters(expected.layout, expected.parameters), " (differing: ", differing, ")");
     }
+    // The same element kind, so the same layers of scales (or none) follow;
+    // rows narrowed with other scales would read as other numbers.
+    if (is_scaled_kind(expected.element))
+        for (int l = 0; l < layers; ++l) {
+            const float key = r.value<float>(), value = r.value<float>();
+            const kv_scales want = l < int(expected.scales.size()) ? expected.scales[std::size_t(l)] : kv_scales{};
+            require(key == want.key && value == want.value, error_code::format_error, "file's scales of layer ", l,
+                    " (key ", key, ", value ", value, ") do not match the cache's (key ", want.key, ", value ",
+                    want.value, "): set_scales before load as the saving cache had them");
+        }
     const auto sequences = r.value<std::uint32_t>();
     require(sequences * min_record_bytes <= r.payload_left(), error_code::format_error,
             "file truncated or corrupt: the header declares ", sequences, " sequences, which take at least ",

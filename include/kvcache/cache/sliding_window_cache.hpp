@@ -27,7 +27,7 @@ namespace kvcache {
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class sliding_window_cache : public detail::owner_base<sliding_window_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_element_v<Element>, "kvcache::sliding_window_cache stores float, kvcache::half or kvcache::bfloat16");
+    static_assert(is_element_v<Element>, "kvcache::sliding_window_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3 or kvcache::float8_e5m2");
     using base = detail::owner_base<sliding_window_cache, Element, Heads>;
     friend base;
 
@@ -172,8 +172,10 @@ public:
     /// the cache's memory space) the caller keeps at table, for n entries.
     view_type view_over(int layer, const int* table, int n) {
         this->check_layer(layer);
-        return view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
+        view_type v = view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
                                  sinks_, ring_, window_, this->head_counts());
+        v.scales = this->scales(layer);
+        return v;
     }
 
     std::size_t bytes_reserved() const noexcept { return store_.bytes(); }

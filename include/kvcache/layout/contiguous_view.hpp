@@ -19,7 +19,7 @@ namespace kvcache {
 /// keys[slot * slot_stride + kv_head * head_stride + position * position_stride + d]
 /// (the same for values). Default strides give [slot][kv_head][position][head_dim].
 /// Batch entry i reads storage slot slots[i], or slot i when slots is null.
-/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16; const for a read-only view)
+/// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, or fp8 read through scales; const for a read-only view)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
 struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Element>, Heads {
@@ -39,6 +39,7 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     std::int64_t slot_stride = 0;     ///< elements between slots
     std::int64_t head_stride = 0;     ///< elements between KV heads of a slot
     std::int64_t position_stride = 0; ///< elements between consecutive positions (>= head_dim)
+    kv_scales scales{};  ///< what stored keys and values are multiplied by when read (fp8); 1 and 1 for other types
     attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
@@ -106,6 +107,7 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
         auto v = contiguous_view<To, Heads>::strided(new_keys, new_values, lengths, sequences, capacity, slot_stride,
                                                      head_stride, position_stride, slots, this->head_counts());
         v.mask = mask;
+        v.scales = scales;
         v.sequence_ids = sequence_ids;
         return v;
     }

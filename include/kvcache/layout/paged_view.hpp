@@ -44,7 +44,7 @@ enum class page_order : int { head_major = 0, token_major = 1 };
 /// keys[page * page_stride + (row * kv_heads + kv_head) * head_dim] token-major
 /// (values alike).
 /// The page size is a runtime value: one compiled kernel serves every size.
-/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16; const for a read-only view)
+/// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, or fp8 read through scales; const for a read-only view)
 /// @tparam Heads a head_config
 /// @tparam Order the in-page order of rows
 template <class Element, class Heads, page_order Order = page_order::head_major>
@@ -66,6 +66,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     int page_size = 1;                  ///< tokens per page (>= 1)
     int page_shift = 0;                 ///< log2(page_size) when a power of two, else -1
     std::int64_t page_stride = 0;       ///< elements from one page's key plane to the next (>= kv_heads*page_size*head_dim)
+    kv_scales scales{};  ///< what stored keys and values are multiplied by when read (fp8); 1 and 1 for other types
     attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
@@ -142,6 +143,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
                                                       sequences, page_size, this->head_counts());
         v.page_stride = page_stride;
         v.mask = mask;
+        v.scales = scales;
         v.sequence_ids = sequence_ids;
         return v;
     }

@@ -23,7 +23,7 @@ namespace kvcache {
 /// Present positions: [0, min(length, sinks)) and [max(sinks, length - ring), length).
 /// ring >= window so every key a query may see is present; with
 /// ring = window + chunk - 1, a chunk of new tokens still sees its own window.
-/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16; const for a read-only view)
+/// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, or fp8 read through scales; const for a read-only view)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
 struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Heads>, Element>, Heads {
@@ -44,6 +44,7 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
     int window = 1;                ///< W: a query sees keys newer than query - W (plus sinks)
     std::int64_t slot_stride = 0;  ///< elements between slots (>= kv_heads * head_stride)
     std::int64_t head_stride = 0;  ///< elements between KV heads of a slot (>= (sinks + ring) * head_dim)
+    kv_scales scales{};  ///< what stored keys and values are multiplied by when read (fp8); 1 and 1 for other types
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
     /// Packed strides for the given sinks and ring.
@@ -128,6 +129,7 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
         v.slot_stride = slot_stride;
         v.head_stride = head_stride;
         v.sequence_ids = sequence_ids;
+        v.scales = scales;
         return v;
     }
     /// This view with const elements: attention takes it, append does not compile.

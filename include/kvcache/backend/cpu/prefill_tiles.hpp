@@ -271,13 +271,14 @@ public:
         }
     }
 
-    /// Writes row r normalised (zeros when it saw no key) and, when lse is
-    /// not null, its log-sum-exp (-inf when it saw no key).
+    /// Writes row r normalised and times output_scale (an fp8 cache's value
+    /// scale; zeros when it saw no key) and, when lse is not null, its
+    /// log-sum-exp (-inf when it saw no key).
     /// @tparam Output float, kvcache::half or kvcache::bfloat16
     template <class Output>
-    void store(int r, Output* output, float* lse) const {
+    void store(int r, Output* output, float* lse, float output_scale = 1.0f) const {
         const float sum = state_[stride_ + r];
-        const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float inverse = sum > 0.0f ? output_scale / sum : 0.0f;
         for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(outputs_[d * stride_ + r] * inverse);
         if (lse) *lse = kvcache::detail::log_sum_exp(state_[r], sum);
     }

@@ -129,6 +129,15 @@ struct float16 {
         const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
         return {_mm512_castsi512_ps(_mm512_slli_epi32(widened, 16))};
     }
+    // fp8 as two of float8's exact 8-lane widenings, put side by side.
+    static float16 load(const float8_e4m3* p) noexcept { return joined(float8::load(p), float8::load(p + 8)); }
+    static float16 load(const float8_e5m2* p) noexcept { return joined(float8::load(p), float8::load(p + 8)); }
+    static float16 joined(float8 low, float8 high) noexcept {
+        // The maskz forms, as above (the unmasked ones' undefined source trips -Werror).
+        __m512d both = _mm512_maskz_insertf64x4(0xff, _mm512_setzero_pd(), _mm256_castps_pd(low.v), 0);
+        both = _mm512_maskz_insertf64x4(0xff, both, _mm256_castps_pd(high.v), 1);
+        return {_mm512_castpd_ps(both)};
+    }
     void store(float* p) const noexcept { _mm512_storeu_ps(p, v); }
     friend float16 fma(float16 a, float16 b, float16 c) noexcept { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
     friend float16 operator*(float16 a, float16 b) noexcept { return {_mm512_mul_ps(a.v, b.v)}; }

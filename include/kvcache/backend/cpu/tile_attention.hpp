@@ -79,7 +79,7 @@ public:
             ++filled;
         }
         for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
-            if constexpr (is_16bit_element_v<element>) {
+            if constexpr (!std::is_same_v<element, float>) {  // 16-bit and fp8 rows
                 if (rows_ > widen_tile_rows) {
                     fold(widened(tiles[current]), slot_masks(current), soft_cap);
                 } else {
@@ -96,13 +96,14 @@ public:
         }
     }
 
-    /// Writes row r normalised (zeros when it saw no key) and, when lse is
-    /// not null, its log-sum-exp (-inf when it saw no key).
+    /// Writes row r normalised and times output_scale (an fp8 cache's value
+    /// scale; zeros when it saw no key) and, when lse is not null, its
+    /// log-sum-exp (-inf when it saw no key).
     /// @tparam Output float, kvcache::half or kvcache::bfloat16
     template <class Output>
-    void store(int r, Output* output, float* lse) const {
+    void store(int r, Output* output, float* lse, float output_scale = 1.0f) const {
         const float sum = running_sum()[r];
-        const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float inverse = sum > 0.0f ? output_scale / sum : 0.0f;
         const float* accumulator = accumulators() + std::size_t(r) * Dim;
         for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(accumulator[d] * inverse);
         if (lse) *lse = kvcache::detail::log_sum_exp(running_max()[r], sum);
@@ -141,8 +142,8 @@ private:
         return any != 0;
     }
 
-    /// The tile with its 16-bit rows converted once into float rows (same positions).
-    /// @tparam Element kvcache::half or kvcache::bfloat16
+    /// The tile with its 16-bit or fp8 rows converted once into float rows (same positions).
+    /// @tparam Element kvcache::half, kvcache::bfloat16 or an fp8 type
     template <class Element>
     key_tile<float> widened(const key_tile<Element>& tile) {
         using vec = typename vector_for<Dim>::type;

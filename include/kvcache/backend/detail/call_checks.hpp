@@ -29,7 +29,7 @@ namespace detail {
 /// @tparam Output the element type of the output buffers
 template <class Input, class Output>
 constexpr void check_element_types() {
-    static_assert(is_element_v<Input>, "kvcache: queries and K/V rows are float, kvcache::half or kvcache::bfloat16");
+    static_assert(is_activation_element_v<Input>, "kvcache: queries and K/V rows are float, kvcache::half or kvcache::bfloat16");
     static_assert(std::is_same_v<Input, Output>, "kvcache: outputs have the queries' element type");
 }
 

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 #include "kvcache/backend/detail/call_checks.hpp"
+#include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/execution/index3.hpp"
 #include "kvcache/kernels/append_kernel.hpp"
@@ -43,6 +45,12 @@ inline std::size_t decode_workspace_floats(std::size_t rows, int splits, int hea
     return rows * std::size_t(splits) * std::size_t(head_dim + 1);
 }
 
+/// The kernels' tile loads widen 16-bit and float rows only so far: an fp8
+/// view fails here, at compile time, rather than reading bytes as halves.
+/// @tparam Layout a layout view
+template <class Layout>
+inline constexpr bool kernels_read_v = !is_scaled_element_v<std::remove_const_t<typename Layout::element_type>>;
+
 inline void check_batch(int batch) {
     require(batch >= 0 && batch <= 65535, error_code::invalid_argument, "batch of ", batch,
             " sequences exceeds the grid limit of 65535");
@@ -51,6 +59,8 @@ inline void check_batch(int batch) {
 template <class Launcher, class Layout, class Input>
 void run_append(Launcher& launcher, const Layout& view, const Input* keys, const Input* values, const int* offsets,
                 const int* positions) {
+    static_assert(kernels_read_v<Layout>, "kvcache: the emulated and CUDA backends do not read fp8 caches yet "
+                                          "(the CPU and reference backends do)");
     const int batch = view.sequence_count();
     check_batch(batch);
     if (batch == 0) return;
@@ -68,6 +78,8 @@ void run_merge(Launcher& launcher, const merge_kernel_params<State, Output>& par
 template <class Launcher, class Layout, class Query>
 void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Query* outputs, float* lse,
                 const attention_options& options) {
+    static_assert(kernels_read_v<Layout>, "kvcache: the emulated and CUDA backends do not read fp8 caches yet "
+                                          "(the CPU and reference backends do)");
     using heads = typename Layout::heads;
     using body = decode_kernel<Layout, Query>;
     const int batch = view.sequence_count();
@@ -96,6 +108,8 @@ void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Qu
 template <class Launcher, class Layout, class Query>
 void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, const int* query_offsets,
                  const int* query_positions, Query* outputs, float* lse, const attention_options& options) {
+    static_assert(kernels_read_v<Layout>, "kvcache: the emulated and CUDA backends do not read fp8 caches yet "
+                                          "(the CPU and reference backends do)");
     using heads = typename Layout::heads;
     using body = prefill_kernel<Layout, Query>;
     const int batch = view.sequence_count();

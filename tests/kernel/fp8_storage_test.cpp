@@ -46,6 +46,13 @@ float largest(const std::vector<float>& x) {
     return m;
 }
 
+/// Largest |a[i] - b[i]|.
+double largest_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+    return m;
+}
+
 /// One owner of fp8 Element next to a float owner of the same layout: the
 /// same float rows appended (the fp8 cache's by the CPU append kernel, so its
 /// narrowing is tested too), then decode and prefill of the fp8 cache on the
@@ -97,11 +104,7 @@ void check_owner(MakeCache make, MakeFloatCache make_float, kv_scales scales, do
         reference_backend{}.decode(r);
         reference_backend{}.decode(decode_params(float_plan.view(layer), span<const float>(decode_queries),
                                                  span<float>(on_floats)));
-        double kernel_error = 0, format_error = 0;
-        for (std::size_t i = 0; i < out.size(); ++i) {
-            kernel_error = std::max(kernel_error, double(std::fabs(out[i] - on_cache[i])));
-            format_error = std::max(format_error, double(std::fabs(out[i] - on_floats[i])));
-        }
+        const double kernel_error = largest_difference(out, on_cache), format_error = largest_difference(out, on_floats);
         // Float accumulation against double over the same dequantised rows.
         CHECK(kernel_error <= 1e-5 * value_range);
         CHECK(format_error <= format_bound * value_range);
@@ -117,11 +120,7 @@ void check_owner(MakeCache make, MakeFloatCache make_float, kv_scales scales, do
                                                    plan.new_token_offsets(), span<float>(on_cache)));
         reference_backend{}.prefill(prefill_params(float_plan.view(layer), span<const float>(queries),
                                                    float_plan.new_token_offsets(), span<float>(on_floats)));
-        double kernel_error = 0, format_error = 0;
-        for (std::size_t i = 0; i < out.size(); ++i) {
-            kernel_error = std::max(kernel_error, double(std::fabs(out[i] - on_cache[i])));
-            format_error = std::max(format_error, double(std::fabs(out[i] - on_floats[i])));
-        }
+        const double kernel_error = largest_difference(out, on_cache), format_error = largest_difference(out, on_floats);
         CHECK(kernel_error <= 1e-5 * value_range);
         CHECK(format_error <= format_bound * value_range);
         MESSAGE(std::string(element_traits<Element>::name), " prefill: kernel error ", kernel_error / value_range,

@@ -62,20 +62,14 @@ struct element_traits<bfloat16> {
     KVCACHE_HOST_DEVICE static bfloat16 from_float(float value) noexcept { return bfloat16(value); }
 };
 
-template <>
-struct element_traits<float8_e4m3> {
-    static constexpr element_kind kind = element_kind::fp8_e4m3;
-    static constexpr const char* name = "fp8_e4m3";
-    KVCACHE_HOST_DEVICE static float to_float(float8_e4m3 value) noexcept { return static_cast<float>(value); }
-    KVCACHE_HOST_DEVICE static float8_e4m3 from_float(float value) noexcept { return float8_e4m3(value); }
-};
-
-template <>
-struct element_traits<float8_e5m2> {
-    static constexpr element_kind kind = element_kind::fp8_e5m2;
-    static constexpr const char* name = "fp8_e5m2";
-    KVCACHE_HOST_DEVICE static float to_float(float8_e5m2 value) noexcept { return static_cast<float>(value); }
-    KVCACHE_HOST_DEVICE static float8_e5m2 from_float(float value) noexcept { return float8_e5m2(value); }
+/// Both fp8 encodings: the kind and name follow the encoding (e5m2 is the one with infinities).
+/// @tparam Encoding detail::e4m3_encoding or detail::e5m2_encoding
+template <class Encoding>
+struct element_traits<detail::fp8<Encoding>> {
+    static constexpr element_kind kind = Encoding::has_infinity ? element_kind::fp8_e5m2 : element_kind::fp8_e4m3;
+    static constexpr const char* name = Encoding::has_infinity ? "fp8_e5m2" : "fp8_e4m3";
+    KVCACHE_HOST_DEVICE static float to_float(detail::fp8<Encoding> value) noexcept { return static_cast<float>(value); }
+    KVCACHE_HOST_DEVICE static detail::fp8<Encoding> from_float(float value) noexcept { return detail::fp8<Encoding>(value); }
 };
 
 /// True for the types queries, outputs and new K/V rows come in (float, half,

@@ -43,8 +43,8 @@ gathered_rows gather(const Layout& view, int sequence, int kv_head) {
         const auto* key = view.key(sequence, kv_head, position);
         const auto* value = view.value(sequence, kv_head, position);
         rows.positions.push_back(position);
-        for (int d = 0; d < dim; ++d) rows.keys.push_back(static_cast<double>(to_float(key[d])) * view.scales.key);
-        for (int d = 0; d < dim; ++d) rows.values.push_back(static_cast<double>(to_float(value[d])) * view.scales.value);
+        for (int d = 0; d < dim; ++d) rows.keys.push_back(static_cast<double>(to_float(key[d])) * scales_of(view).key);
+        for (int d = 0; d < dim; ++d) rows.values.push_back(static_cast<double>(to_float(value[d])) * scales_of(view).value);
     }
     return rows;
 }
@@ -159,8 +159,8 @@ public:
                     element* key = view.key(b, kv, position);
                     element* value = view.value(b, kv, position);
                     for (int d = 0; d < dim; ++d) {
-                        key[d] = from_float_scaled<element>(to_float(p.keys[source + d]), view.scales.key);
-                        value[d] = from_float_scaled<element>(to_float(p.values[source + d]), view.scales.value);
+                        key[d] = from_float_scaled<element>(to_float(p.keys[source + d]), scales_of(view).key);
+                        value[d] = from_float_scaled<element>(to_float(p.values[source + d]), scales_of(view).value);
                     }
                 }
             }

@@ -23,6 +23,8 @@
 //   position_run<E> run(int seq, int kv_head, int visible_begin) const;
 //                                                 the maximal evenly strided run from visible_begin
 //   attention_visibility visibility() const;      which present keys a query may see
+// and, optionally (kvcache's own views have it; read through scales_of()):
+//   kv_scales scales;                             what stored keys and values are multiplied by (fp8)
 //
 // Owners reserve space (pages, ring slots, length) before a kernel writes the
 // new tokens' rows through key()/value(); kernels never allocate.
@@ -31,6 +33,7 @@
 #include <type_traits>
 
 #include "kvcache/core/config.hpp"
+#include "kvcache/core/element.hpp"
 
 namespace kvcache {
 
@@ -121,6 +124,22 @@ template <class View>
 using attention_view_t = decltype(attention_view_of(std::declval<const View&>()));
 
 }  // namespace detail
+
+namespace detail {
+template <class View, class = void>
+struct has_scales : std::false_type {};
+template <class View>
+struct has_scales<View, std::void_t<decltype(std::declval<const View&>().scales)>> : std::true_type {};
+}  // namespace detail
+
+/// The scales a view's stored rows are read through: its `scales` member, or
+/// 1 and 1 for a layout of the caller's that has none.
+/// @tparam View a layout view
+template <class View>
+KVCACHE_HOST_DEVICE constexpr kv_scales scales_of(const View& view) noexcept {
+    if constexpr (detail::has_scales<View>::value) return view.scales;
+    else return kv_scales{};
+}
 
 /// True when View offers the layout interface above and is trivially copyable.
 /// @tparam View candidate layout view type

@@ -40,9 +40,9 @@ void append(thread_pool& pool, const Layout& view, const Input* keys, const Inpu
                 for (int d = 0; d < dim; ++d) key[d] = keys[source + d];
                 for (int d = 0; d < dim; ++d) value[d] = values[source + d];
             } else {
-                for (int d = 0; d < dim; ++d) key[d] = from_float_scaled<element>(to_float(keys[source + d]), view.scales.key);
+                for (int d = 0; d < dim; ++d) key[d] = from_float_scaled<element>(to_float(keys[source + d]), scales_of(view).key);
                 for (int d = 0; d < dim; ++d)
-                    value[d] = from_float_scaled<element>(to_float(values[source + d]), view.scales.value);
+                    value[d] = from_float_scaled<element>(to_float(values[source + d]), scales_of(view).value);
             }
         }
     });

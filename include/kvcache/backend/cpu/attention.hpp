@@ -39,7 +39,7 @@ void decode_rows(const Layout& view, int sequence, int kv_head, int begin, int e
     const int position = view.length(sequence) - 1;
     for (int g = 0; g < group; ++g) rows.load(g, queries + g * dim, scale, position);
     rows.attend(view, sequence, kv_head, begin, end, soft_cap);
-    for (int g = 0; g < group; ++g) rows.store(g, outputs + g * dim, lse ? lse + g : nullptr, view.scales.value);
+    for (int g = 0; g < group; ++g) rows.store(g, outputs + g * dim, lse ? lse + g : nullptr, scales_of(view).value);
 }
 
 /// Decode attention on pool's threads: one query per sequence at position
@@ -57,7 +57,7 @@ void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* 
     if (batch == 0) return;
     // An fp8 cache's scales leave the kernels: a key scale multiplies every
     // logit (so the softmax scale), a value scale every output row.
-    const float scale = resolved_softmax_scale(options, dim) * view.scales.key;
+    const float scale = resolved_softmax_scale(options, dim) * scales_of(view).key;
     const int items = batch * view.kv_heads();
     int splits = options.kv_splits;
     if (splits <= 0) splits = items >= pool.threads() ? 1 : (pool.threads() + items - 1) / items;
@@ -110,7 +110,7 @@ void prefill(thread_pool& pool, const Layout& view, const Query* queries, const 
     const int group = view.group_size();
     const int batch = view.sequence_count();
     if (batch == 0) return;
-    const float scale = resolved_softmax_scale(options, dim) * view.scales.key;  // as in decode
+    const float scale = resolved_softmax_scale(options, dim) * scales_of(view).key;  // as in decode
     auto position_of = [&](int b, int t) {  // t counts from the sequence's first query token
         const int tokens = query_offsets[b + 1] - query_offsets[b];
         return query_positions ? query_positions[query_offsets[b] + t] : view.length(b) - tokens + t;
@@ -147,7 +147,7 @@ void prefill(thread_pool& pool, const Layout& view, const Query* queries, const 
         for (int t = 0; t < item.tokens; ++t)
             for (int g = 0; g < group; ++g)
                 rows.store(t * group + g, outputs + row_of(t, g) * dim, lse ? lse + row_of(t, g) : nullptr,
-                           view.scales.value);
+                           scales_of(view).value);
     });
 }
 

@@ -126,8 +126,10 @@ struct float16 {
         return {_mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
     }
     static float16 load(const bfloat16* p) noexcept {
-        const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-        return {_mm512_castsi512_ps(_mm512_slli_epi32(widened, 16))};
+        // maskz forms again: -march=native builds failed on the unmasked ones (-Werror=maybe-uninitialized).
+        const __m512i widened =
+            _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        return {_mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, widened, 16))};
     }
     // fp8 as two of float8's exact 8-lane widenings, put side by side.
     static float16 load(const float8_e4m3* p) noexcept { return joined(float8::load(p), float8::load(p + 8)); }

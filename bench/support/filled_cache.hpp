@@ -87,7 +87,7 @@ void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int
 }  // namespace detail
 
 /// Contiguous (static) cache: batch slots of exactly `context` positions.
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// @tparam Element float, kvcache::half, kvcache::bfloat16 or an fp8 type
 /// @tparam Heads a head_config with compiled counts
 template <class Element, class Heads = bench_heads>
 filled_cache<static_cache<Element, Heads>> make_contiguous(int batch, int context) {
@@ -105,7 +105,7 @@ filled_cache<static_cache<Element, Heads>> make_contiguous(int batch, int contex
 
 /// Paged cache (16-token pages unless told) handed out round-robin across the
 /// batch (as a server interleaves requests), so a sequence's pages are not adjacent.
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// @tparam Element float, kvcache::half, kvcache::bfloat16 or an fp8 type
 /// @tparam Heads a head_config with compiled counts
 template <class Element, class Heads = bench_heads>
 filled_cache<paged_cache<Element, Heads>> make_paged(int batch, int context, int page_size = bench_page_size) {
@@ -124,7 +124,7 @@ filled_cache<paged_cache<Element, Heads>> make_paged(int batch, int context, int
 /// Sliding-window cache whose decode query sees `visible` keys (4 sinks plus
 /// a window of visible - 4), generated past the ring's end so the ring has
 /// wrapped: each sequence's keys come in three runs (sinks, ring tail, ring head).
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// @tparam Element float, kvcache::half, kvcache::bfloat16 or an fp8 type
 template <class Element>
 filled_cache<sliding_window_cache<Element, bench_heads>> make_sliding_window(int batch, int visible) {
     filled_cache<sliding_window_cache<Element, bench_heads>> out;
@@ -169,6 +169,10 @@ void with_filled_cache(layout_kind layout, element_kind element, int batch, int 
         run(half{});
     else if (element == element_kind::bf16)
         run(bfloat16{});
+    else if (element == element_kind::fp8_e4m3)
+        run(float8_e4m3{});
+    else if (element == element_kind::fp8_e5m2)
+        run(float8_e5m2{});
     else
         run(float{});
 }

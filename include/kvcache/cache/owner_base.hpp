@@ -192,7 +192,7 @@ public:
             }
             records.push_back(std::move(rec));
         }
-        write_file(out, file_header(), records);
+        write_file(out, header_with_scales(), records);
     }
 
     /// Loads every sequence of a saved file as new sequences and returns their
@@ -201,7 +201,7 @@ public:
     /// present, checksum) before anything large is allocated, and the cache
     /// changes only once it is known to fit; on any error the cache is unchanged.
     std::vector<sequence_id> load(std::istream& in) {
-        const auto records = read_file<Element>(in, file_header());
+        const auto records = read_file<Element>(in, header_with_scales());
         return derived().restore(records);
     }
 
@@ -356,7 +356,7 @@ protected:
 
 private:
     /// Derived's header with the per-layer scales a file of an fp8 cache records.
-    detail::file_header file_header() const {
+    detail::file_header header_with_scales() const {
         detail::file_header h = derived().header();
         if (is_scaled_element_v<Element>)
             for (int l = 0; l < derived().layers(); ++l) h.scales.push_back(scales(l));

@@ -138,8 +138,7 @@ public:
     /// @tparam Values a sized buffer of the same element type
     template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
     void append(sequence_id id, int layer, const Keys& keys, const Values& values, int n) {
-        check_layer(layer);
-        const kv_scales s = scales(layer);
+        const kv_scales s = scales(layer);  // checks the layer
         const std::vector<Element> key_rows = converted_rows(keys, s.key), value_rows = converted_rows(values, s.value);
         append(id, layer, span<const Element>(key_rows), span<const Element>(value_rows), n);
     }
@@ -150,8 +149,7 @@ public:
     /// @tparam Values a sized buffer of the same element type
     template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
     void write(sequence_id id, int layer, int first, const Keys& key_rows, const Values& value_rows, int n) {
-        check_layer(layer);
-        const kv_scales s = scales(layer);
+        const kv_scales s = scales(layer);  // checks the layer
         const std::vector<Element> keys = converted_rows(key_rows, s.key), values = converted_rows(value_rows, s.value);
         derived().write(id, layer, first, span<const Element>(keys), span<const Element>(values), n);
     }

@@ -36,6 +36,7 @@ gathered_rows gather(const Layout& view, int sequence, int kv_head) {
     static_assert(is_layout_view_v<Layout>, "kvcache::reference::gather needs a layout view");
     constexpr int dim = Layout::heads::head_dim;
     gathered_rows rows;
+    const kv_scales scales = scales_of(view);
     rows.head_dim = dim;
     const int count = view.visible_count(sequence);
     for (int i = 0; i < count; ++i) {
@@ -43,8 +44,8 @@ gathered_rows gather(const Layout& view, int sequence, int kv_head) {
         const auto* key = view.key(sequence, kv_head, position);
         const auto* value = view.value(sequence, kv_head, position);
         rows.positions.push_back(position);
-        for (int d = 0; d < dim; ++d) rows.keys.push_back(static_cast<double>(to_float(key[d])) * scales_of(view).key);
-        for (int d = 0; d < dim; ++d) rows.values.push_back(static_cast<double>(to_float(value[d])) * scales_of(view).value);
+        for (int d = 0; d < dim; ++d) rows.keys.push_back(static_cast<double>(to_float(key[d])) * scales.key);
+        for (int d = 0; d < dim; ++d) rows.values.push_back(static_cast<double>(to_float(value[d])) * scales.value);
     }
     return rows;
 }
@@ -148,6 +149,7 @@ public:
         constexpr int dim = heads::head_dim;
         detail::check_call_append(p, true);
         const Layout& view = p.view;
+        const kv_scales scales = scales_of(view);
         for (int b = 0; b < view.sequence_count(); ++b) {
             const int first = p.new_token_offsets[b], tokens = p.new_token_offsets[b + 1] - first;
             const int length = view.length(b);
@@ -159,8 +161,8 @@ public:
                     element* key = view.key(b, kv, position);
                     element* value = view.value(b, kv, position);
                     for (int d = 0; d < dim; ++d) {
-                        key[d] = from_float_scaled<element>(to_float(p.keys[source + d]), scales_of(view).key);
-                        value[d] = from_float_scaled<element>(to_float(p.values[source + d]), scales_of(view).value);
+                        key[d] = from_float_scaled<element>(to_float(p.keys[source + d]), scales.key);
+                        value[d] = from_float_scaled<element>(to_float(p.values[source + d]), scales.value);
                     }
                 }
             }

@@ -24,6 +24,7 @@ void append(thread_pool& pool, const Layout& view, const Input* keys, const Inpu
     constexpr int dim = heads::head_dim;
     const int batch = view.sequence_count();
     if (batch == 0) return;
+    const kv_scales scales = scales_of(view);
     pool.parallel_for(batch * view.kv_heads(), [&](int item) {
         const int b = item / view.kv_heads(), kv = item % view.kv_heads();
         const int tokens = new_token_offsets[b + 1] - new_token_offsets[b];
@@ -40,9 +41,9 @@ void append(thread_pool& pool, const Layout& view, const Input* keys, const Inpu
                 for (int d = 0; d < dim; ++d) key[d] = keys[source + d];
                 for (int d = 0; d < dim; ++d) value[d] = values[source + d];
             } else {
-                for (int d = 0; d < dim; ++d) key[d] = from_float_scaled<element>(to_float(keys[source + d]), scales_of(view).key);
+                for (int d = 0; d < dim; ++d) key[d] = from_float_scaled<element>(to_float(keys[source + d]), scales.key);
                 for (int d = 0; d < dim; ++d)
-                    value[d] = from_float_scaled<element>(to_float(values[source + d]), scales_of(view).value);
+                    value[d] = from_float_scaled<element>(to_float(values[source + d]), scales.value);
             }
         }
     });

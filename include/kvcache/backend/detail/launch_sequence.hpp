@@ -50,6 +50,11 @@ inline std::size_t decode_workspace_floats(std::size_t rows, int splits, int hea
 /// @tparam Layout a layout view
 template <class Layout>
 inline constexpr bool kernels_read_v = !is_scaled_element_v<std::remove_const_t<typename Layout::element_type>>;
+template <class Layout>
+constexpr void require_kernels_read() noexcept {
+    static_assert(kernels_read_v<Layout>, "kvcache: the emulated and CUDA backends do not read fp8 caches yet "
+                                          "(the CPU and reference backends do)");
+}
 
 inline void check_batch(int batch) {
     require(batch >= 0 && batch <= 65535, error_code::invalid_argument, "batch of ", batch,
@@ -59,8 +64,7 @@ inline void check_batch(int batch) {
 template <class Launcher, class Layout, class Input>
 void run_append(Launcher& launcher, const Layout& view, const Input* keys, const Input* values, const int* offsets,
                 const int* positions) {
-    static_assert(kernels_read_v<Layout>, "kvcache: the emulated and CUDA backends do not read fp8 caches yet "
-                                          "(the CPU and reference backends do)");
+    require_kernels_read<Layout>();
     const int batch = view.sequence_count();
     check_batch(batch);
     if (batch == 0) return;
@@ -78,8 +82,7 @@ void run_merge(Launcher& launcher, const merge_kernel_params<State, Output>& par
 template <class Launcher, class Layout, class Query>
 void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Query* outputs, float* lse,
                 const attention_options& options) {
-    static_assert(kernels_read_v<Layout>, "kvcache: the emulated and CUDA backends do not read fp8 caches yet "
-                                          "(the CPU and reference backends do)");
+    require_kernels_read<Layout>();
     using heads = typename Layout::heads;
     using body = decode_kernel<Layout, Query>;
     const int batch = view.sequence_count();
@@ -108,8 +111,7 @@ void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Qu
 template <class Launcher, class Layout, class Query>
 void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, const int* query_offsets,
                  const int* query_positions, Query* outputs, float* lse, const attention_options& options) {
-    static_assert(kernels_read_v<Layout>, "kvcache: the emulated and CUDA backends do not read fp8 caches yet "
-                                          "(the CPU and reference backends do)");
+    require_kernels_read<Layout>();
     using heads = typename Layout::heads;
     using body = prefill_kernel<Layout, Query>;
     const int batch = view.sequence_count();

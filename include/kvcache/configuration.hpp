@@ -6,3 +6,4 @@
 #include "kvcache/configuration/configuration.hpp"
 #include "kvcache/configuration/dispatch.hpp"
 #include "kvcache/configuration/presets.hpp"
+#include "kvcache/configuration/tensor_parallel.hpp"

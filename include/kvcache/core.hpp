@@ -12,3 +12,4 @@
 #include "kvcache/core/heads.hpp"
 #include "kvcache/core/memory.hpp"
 #include "kvcache/core/span.hpp"
+#include "kvcache/core/tensor_parallel.hpp"

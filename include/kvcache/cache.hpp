@@ -4,6 +4,7 @@
 
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/page_pool.hpp"
+#include "kvcache/cache/page_transfer.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sequence_id.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"

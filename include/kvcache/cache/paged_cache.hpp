@@ -93,6 +93,9 @@ public:
 
     /// The sequence's page ids in position order.
     const std::vector<int>& pages(sequence_id id) const { return sequences_.at(id).pages; }
+    /// The token ids recorded for the sequence's first positions (begin_append
+    /// or plan_with_tokens with ids, match_prefix); later positions' are unknown.
+    const std::vector<std::int32_t>& token_ids(sequence_id id) const { return sequences_.at(id).tokens; }
     /// References held on a page (forks and prefix hits share pages).
     int page_references(int page) const { return pool_.references(page); }
 

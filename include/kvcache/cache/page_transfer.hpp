@@ -1,0 +1,318 @@
+// A sequence's pages carried out of one paged cache and into another: the
+// descriptor (configuration, token ids, the prefix cache's chained page
+// hashes, per-layer scales) and the rows of each page, each page with its own
+// checksum, as one value that turns into bytes and back. A prefill worker
+// exports a finished prompt; a decode worker imports it and continues from it
+// without recomputing anything. Pages the receiver already caches (a shared
+// system prompt) are taken from its prefix cache instead of the payload, and
+// an export may leave them out altogether (first_page).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kvcache/cache/page_pool.hpp"
+#include "kvcache/cache/paged_cache.hpp"
+#include "kvcache/cache/sequence_id.hpp"
+#include "kvcache/cache/serialization.hpp"
+#include "kvcache/core/element.hpp"
+#include "kvcache/core/error.hpp"
+#include "kvcache/core/heads.hpp"
+#include "kvcache/core/span.hpp"
+
+namespace kvcache {
+
+/// One sequence's pages, out of a paged cache (export_pages) and into
+/// another of the same configuration (import_pages).
+/// @tparam Element the caches' stored element type
+template <class Element>
+struct page_export {
+    element_kind element = element_traits<Element>::kind;  ///< stored element type
+    head_shape heads{};         ///< the cache's heads (a tensor-parallel shard's, for a shard)
+    int shard_rank = 0;         ///< which shard of shard_ranks the rows are (0 of 1: unsharded)
+    int shard_ranks = 1;        ///< tensor-parallel ranks the model was split over
+    int page_size = 0;          ///< tokens per page
+    int layers = 0;             ///< layers, each with its own rows
+    int length = 0;             ///< tokens the sequence holds
+    int first_page = 0;         ///< pages before it are not carried: the receiver's prefix cache must hold them
+    std::vector<kv_scales> scales;             ///< [layers] the rows' scales (1 and 1 but for fp8)
+    std::vector<std::int32_t> tokens;          ///< token ids of the first positions (all, some or none known)
+    std::vector<std::uint64_t> page_hashes;    ///< chained hash of each full page whose tokens are known
+    std::vector<std::uint64_t> page_checksums; ///< [carried pages] FNV-1a of each carried page's payload
+    /// Carried page p (first_page + p), layer l: keys then values, each
+    /// [rows in the page][kv_heads][head_dim]; the last page may be partial.
+    std::vector<Element> payload;
+
+    /// Pages the sequence spans.
+    int page_count() const noexcept { return page_size > 0 ? (length + page_size - 1) / page_size : 0; }
+    /// Rows (tokens) page p holds.
+    int rows_in_page(int p) const noexcept { return p + 1 < page_count() ? page_size : length - p * page_size; }
+    /// Elements of page p's payload (every layer, keys and values).
+    std::size_t page_elements(int p) const noexcept {
+        return std::size_t(rows_in_page(p)) * heads.kv_heads * heads.head_dim * 2 * std::size_t(layers);
+    }
+    /// Bytes of the carried rows.
+    std::size_t payload_bytes() const noexcept { return payload.size() * sizeof(Element); }
+};
+
+namespace detail {
+
+inline constexpr char page_export_magic[8] = {'K', 'V', 'P', 'A', 'G', 'E', 'S', '\0'};
+inline constexpr std::uint32_t page_export_version = 1;
+
+template <class Element>
+std::uint64_t page_checksum(const Element* rows, std::size_t elements) {
+    return fnv1a(fnv1a_seed, rows, elements * sizeof(Element));
+}
+
+/// The chained hashes of the full pages whose tokens are known.
+inline std::vector<std::uint64_t> chain_hashes(const std::vector<std::int32_t>& tokens, int page_size) {
+    std::vector<std::uint64_t> hashes;
+    std::uint64_t parent = root_hash;
+    for (std::size_t p = 0; (p + 1) * std::size_t(page_size) <= tokens.size(); ++p) {
+        parent = chain_hash(parent, tokens.data() + p * page_size, page_size);
+        hashes.push_back(parent);
+    }
+    return hashes;
+}
+
+}  // namespace detail
+
+/// Exports sequence id's rows from page first_page on, with its token ids, the
+/// chained hashes of its full pages and the scales of every layer. Reads
+/// through read(), so a swapped-out sequence exports from the host tier.
+/// not_found for an unknown id; out_of_range when first_page is past the
+/// sequence's pages.
+/// @tparam Element stored element type
+/// @tparam Heads head_config
+/// @tparam Memory the cache's memory policy
+template <class Element, class Heads, class Memory>
+page_export<Element> export_pages(const paged_cache<Element, Heads, Memory>& cache, sequence_id id, int first_page = 0) {
+    page_export<Element> e;
+    e.heads = shape_of(cache.head_counts());
+    e.page_size = cache.page_size();
+    e.layers = cache.layers();
+    e.length = cache.length(id);
+    require(first_page >= 0 && first_page <= e.page_count(), error_code::out_of_range, "first_page = ", first_page,
+            " is outside [0, ", e.page_count(), "] for sequence ", id, " of ", e.length, " tokens in pages of ",
+            e.page_size);
+    e.first_page = first_page;
+    for (int l = 0; l < e.layers; ++l) e.scales.push_back(cache.scales(l));
+    e.tokens = cache.token_ids(id);
+    e.page_hashes = detail::chain_hashes(e.tokens, e.page_size);
+    const std::size_t row = std::size_t(e.heads.kv_heads) * e.heads.head_dim;
+    for (int p = first_page; p < e.page_count(); ++p) {
+        const std::size_t begin = e.payload.size();
+        const int rows = e.rows_in_page(p);
+        e.payload.resize(begin + e.page_elements(p));
+        Element* out = e.payload.data() + begin;
+        for (int l = 0; l < e.layers; ++l, out += 2 * rows * row)
+            cache.read(id, l, p * e.page_size, rows, span<Element>(out, rows * row),
+                       span<Element>(out + rows * row, rows * row));
+        e.page_checksums.push_back(detail::page_checksum(e.payload.data() + begin, e.page_elements(p)));
+    }
+    return e;
+}
+
+namespace detail {
+
+/// Every check import_pages makes before it changes anything.
+template <class Element, class Cache>
+void check_import(const Cache& cache, const page_export<Element>& e, int shard_rank, int shard_ranks) {
+    const head_shape heads = shape_of(cache.head_counts());
+    require(e.element == element_traits<Element>::kind, error_code::invalid_argument, "the export holds ",
+            to_string(e.element), " rows but the cache stores ", element_traits<Element>::name);
+    require(e.heads == heads, error_code::invalid_argument, "the export's heads ", e.heads.to_string(),
+            " differ from the cache's ", heads.to_string());
+    require(e.shard_rank == shard_rank && e.shard_ranks == shard_ranks, error_code::invalid_argument,
+            "the export holds tensor-parallel shard ", e.shard_rank, " of ", e.shard_ranks,
+            " but the cache is shard ", shard_rank, " of ", shard_ranks);
+    require(e.page_size == cache.page_size(), error_code::invalid_argument, "the export's page_size ", e.page_size,
+            " differs from the cache's ", cache.page_size());
+    require(e.layers == cache.layers(), error_code::invalid_argument, "the export's layers ", e.layers,
+            " differ from the cache's ", cache.layers());
+    require(int(e.scales.size()) == e.layers, error_code::format_error, "the export holds ", e.scales.size(),
+            " layers' scales for ", e.layers, " layers");
+    for (int l = 0; l < e.layers; ++l) {
+        const kv_scales mine = cache.scales(l);
+        require(e.scales[l].key == mine.key && e.scales[l].value == mine.value, error_code::invalid_argument,
+                "the export's scales of layer ", l, " (key ", e.scales[l].key, ", value ", e.scales[l].value,
+                ") differ from the cache's (key ", mine.key, ", value ", mine.value, ")");
+    }
+    require(e.length >= 0 && e.first_page >= 0 && e.first_page <= e.page_count(), error_code::format_error,
+            "the export's first_page ", e.first_page, " is outside [0, ", e.page_count(), "] for ", e.length,
+            " tokens");
+    require(e.tokens.size() <= std::size_t(e.length), error_code::format_error, "the export holds ", e.tokens.size(),
+            " token ids for ", e.length, " tokens");
+    require(e.first_page == 0 || e.tokens.size() >= std::size_t(e.first_page) * e.page_size,
+            error_code::format_error, "the export leaves out ", e.first_page,
+            " pages but holds the token ids of only ", e.tokens.size(), " tokens to find them by");
+    const auto hashes = chain_hashes(e.tokens, e.page_size);
+    require(hashes.size() == e.page_hashes.size(), error_code::format_error, "the export holds ", e.page_hashes.size(),
+            " page hashes for ", hashes.size(), " full pages of known tokens");
+    for (std::size_t p = 0; p < hashes.size(); ++p)
+        require(hashes[p] == e.page_hashes[p], error_code::format_error, "page ", p,
+                "'s hash in the export does not match its token ids");
+    const int carried = e.page_count() - e.first_page;
+    require(int(e.page_checksums.size()) == carried, error_code::format_error, "the export holds ",
+            e.page_checksums.size(), " page checksums for ", carried, " carried pages");
+    std::size_t offset = 0;
+    for (int p = e.first_page; p < e.page_count(); ++p) {
+        const std::size_t n = e.page_elements(p);
+        require(offset + n <= e.payload.size(), error_code::format_error, "the export's payload holds ",
+                e.payload.size(), " elements, short of page ", p, "'s end at ", offset + n);
+        require(page_checksum(e.payload.data() + offset, n) == e.page_checksums[p - e.first_page],
+                error_code::format_error, "page ", p, " of the export is damaged (checksum mismatch)");
+        offset += n;
+    }
+    require(offset == e.payload.size(), error_code::format_error, "the export's payload holds ", e.payload.size(),
+            " elements, more than its pages' ", offset);
+}
+
+}  // namespace detail
+
+/// Imports an export as a new sequence of cache and returns its id. Full
+/// pages the cache's prefix cache holds (any tier) are shared from it, not
+/// copied, and must be there for the pages the export left out; the rest are
+/// written from the payload into new pages, and full pages with known tokens
+/// enter the prefix index. Everything in the export is checked first (types,
+/// heads and shard, page size, layers, scales, hashes against tokens, each
+/// page's checksum): a mismatch is invalid_argument or format_error naming
+/// both sides, a page left out that the cache lacks is not_found, a pool
+/// too small is capacity_exceeded; then no sequence is added and no page
+/// changes hands (the prefix counters count the lookups made).
+/// @tparam Element stored element type
+/// @tparam Heads head_config
+/// @tparam Memory the cache's memory policy
+template <class Element, class Heads, class Memory>
+sequence_id import_pages(paged_cache<Element, Heads, Memory>& cache, const page_export<Element>& e, int shard_rank = 0,
+                         int shard_ranks = 1) {
+    detail::check_import(cache, e, shard_rank, shard_ranks);
+    const sequence_id id = cache.add_sequence();
+    int matched = 0;
+    try {
+        const std::size_t full_known = e.page_hashes.size() * std::size_t(e.page_size);
+        if (full_known > 0 && cache.prefix_caching())
+            matched = cache.match_prefix(id, std::vector<std::int32_t>(e.tokens.begin(), e.tokens.begin() + full_known));
+        require(matched >= e.first_page * e.page_size, error_code::not_found, "the export leaves out ", e.first_page,
+                " pages but the cache's prefix cache holds only the first ", matched / e.page_size, " of them");
+        const int rest = e.length - matched;
+        if (e.tokens.size() == std::size_t(e.length))
+            cache.begin_append(id, rest, std::vector<std::int32_t>(e.tokens.begin() + matched, e.tokens.end()));
+        else
+            cache.begin_append(id, rest);
+    } catch (...) {
+        cache.remove_sequence(id);  // holds at most the matched pages, whose rows are whole
+        throw;
+    }
+    const std::size_t row = std::size_t(e.heads.kv_heads) * e.heads.head_dim;
+    const Element* in = e.payload.data();
+    for (int p = e.first_page; p < e.page_count(); ++p) {
+        const int rows = e.rows_in_page(p);
+        const bool held = (p + 1) * e.page_size <= matched;  // shared from the prefix cache
+        for (int l = 0; l < e.layers; ++l, in += 2 * rows * row)
+            if (!held)
+                cache.write(id, l, p * e.page_size, span<const Element>(in, rows * row),
+                            span<const Element>(in + rows * row, rows * row), rows);
+    }
+    cache.publish(id);
+    return id;
+}
+
+/// The export as bytes, for a transport or a file: a fixed header, the
+/// descriptor, the page checksums and the payload, then an FNV-1a checksum
+/// of everything before it.
+/// @tparam Element stored element type
+template <class Element>
+std::vector<unsigned char> to_bytes(const page_export<Element>& e) {
+    std::vector<unsigned char> out;
+    const auto put = [&](const void* data, std::size_t n) {
+        const auto* p = static_cast<const unsigned char*>(data);
+        out.insert(out.end(), p, p + n);
+    };
+    const auto put_value = [&](auto v) { put(&v, sizeof v); };
+    put(detail::page_export_magic, sizeof detail::page_export_magic);
+    put_value(detail::page_export_version);
+    put_value(std::uint32_t(e.element));
+    for (const int v : {e.heads.query_heads, e.heads.kv_heads, e.heads.head_dim, e.shard_rank, e.shard_ranks,
+                        e.page_size, e.layers, e.length, e.first_page})
+        put_value(std::int32_t(v));
+    for (const std::uint64_t n : {std::uint64_t(e.scales.size()), std::uint64_t(e.tokens.size()),
+                                  std::uint64_t(e.page_hashes.size()), std::uint64_t(e.page_checksums.size()),
+                                  std::uint64_t(e.payload.size())})
+        put_value(n);
+    for (const kv_scales& s : e.scales) put_value(s.key), put_value(s.value);
+    put(e.tokens.data(), e.tokens.size() * sizeof(std::int32_t));
+    put(e.page_hashes.data(), e.page_hashes.size() * sizeof(std::uint64_t));
+    put(e.page_checksums.data(), e.page_checksums.size() * sizeof(std::uint64_t));
+    put(e.payload.data(), e.payload_bytes());
+    put_value(detail::fnv1a(detail::fnv1a_seed, out.data(), out.size()));
+    return out;
+}
+
+/// The export to_bytes() wrote. format_error, naming what is wrong, for bytes
+/// that are short, damaged (checksum), of another format version, or of
+/// another element type than Element; nothing is allocated for a count the
+/// bytes cannot hold.
+/// @tparam Element stored element type
+template <class Element>
+page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
+    constexpr std::size_t fixed = 8 + 4 + 4 + 9 * 4 + 5 * 8;
+    require(bytes.size() >= fixed + 8, error_code::format_error, "a page export needs at least ", fixed + 8,
+            " bytes; got ", bytes.size());
+    std::uint64_t stored = 0;
+    std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+    require(detail::fnv1a(detail::fnv1a_seed, bytes.data(), bytes.size() - 8) == stored, error_code::format_error,
+            "the page export's ", bytes.size(), " bytes are damaged (checksum mismatch)");
+    std::size_t at = 0;
+    const auto take = [&](void* data, std::size_t n) {
+        require(n <= bytes.size() - 8 - at, error_code::format_error, "the page export ends ", n - (bytes.size() - 8 - at),
+                " bytes short");
+        std::memcpy(data, bytes.data() + at, n);
+        at += n;
+    };
+    char magic[8];
+    take(magic, 8);
+    require(std::memcmp(magic, detail::page_export_magic, 8) == 0, error_code::format_error,
+            "these bytes are not a kvcache page export");
+    std::uint32_t version = 0, element = 0;
+    take(&version, 4);
+    require(version == detail::page_export_version, error_code::format_error, "page export version ", version,
+            " is not the version ", detail::page_export_version, " this build reads");
+    take(&element, 4);
+    page_export<Element> e;
+    require(element == std::uint32_t(e.element), error_code::format_error, "the page export holds ",
+            detail::element_name(element), " rows, not ", element_traits<Element>::name);
+    std::int32_t v[9];
+    take(v, sizeof v);
+    e.heads = head_shape{v[0], v[1], v[2]};
+    e.shard_rank = v[3], e.shard_ranks = v[4], e.page_size = v[5], e.layers = v[6], e.length = v[7], e.first_page = v[8];
+    std::uint64_t counts[5];
+    take(counts, sizeof counts);
+    const std::uint64_t left = bytes.size() - 8 - at;
+    const std::uint64_t sizes[5] = {2 * sizeof(float), sizeof(std::int32_t), sizeof(std::uint64_t),
+                                    sizeof(std::uint64_t), sizeof(Element)};
+    std::uint64_t needed = 0;
+    for (int i = 0; i < 5; ++i) {
+        require(counts[i] <= left / sizes[i] && needed + counts[i] * sizes[i] <= left, error_code::format_error,
+                "the page export's counts need more than its ", left, " bytes");
+        needed += counts[i] * sizes[i];
+    }
+    e.scales.resize(counts[0]);
+    for (kv_scales& s : e.scales) take(&s.key, sizeof(float)), take(&s.value, sizeof(float));
+    e.tokens.resize(counts[1]);
+    take(e.tokens.data(), counts[1] * sizeof(std::int32_t));
+    e.page_hashes.resize(counts[2]);
+    take(e.page_hashes.data(), counts[2] * sizeof(std::uint64_t));
+    e.page_checksums.resize(counts[3]);
+    take(e.page_checksums.data(), counts[3] * sizeof(std::uint64_t));
+    e.payload.resize(counts[4]);
+    take(e.payload.data(), counts[4] * sizeof(Element));
+    require(at == bytes.size() - 8, error_code::format_error, "the page export has ", bytes.size() - 8 - at,
+            " bytes past its payload");
+    return e;
+}
+
+}  // namespace kvcache

@@ -1,0 +1,242 @@
+// A sequence's pages out of one paged cache and into another: round trips
+// through bytes, pages shared from the receiver's prefix cache instead of
+// copied, exports that leave the shared pages out, and every refusal with the
+// receiver unchanged.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kvcache/kvcache.hpp"
+
+namespace {
+
+using namespace kvcache;
+using heads = head_config<8, 2, 32>;
+constexpr int row = 2 * 32;  // kv_heads x head_dim
+constexpr int page = 8, layers = 2;
+
+/// Token ids 1000 + i (prompt) or another run from `salt`.
+std::vector<std::int32_t> prompt_tokens(int n, int salt = 0) {
+    std::vector<std::int32_t> t(n);
+    for (int i = 0; i < n; ++i) t[i] = 1000 + i + salt * 7919;
+    return t;
+}
+
+/// Rows of token position p, layer l, for a key (0) or value (1), from the
+/// token id: equal tokens at equal positions get equal rows, as a model gives.
+float row_value(std::int32_t token, int position, int layer, int kv, int i) {
+    return float((token * 31 + position * 7 + layer * 13 + kv * 5 + i) % 97) / 97.0f - 0.5f;
+}
+
+/// A sequence holding `tokens`, appended in one step with its token ids.
+template <class Element>
+sequence_id add_prompt(paged_cache<Element, heads>& cache, const std::vector<std::int32_t>& tokens, int first = 0) {
+    const sequence_id id = cache.add_sequence();
+    const int n = int(tokens.size()) - first;
+    const int at = cache.begin_append(id, n, std::vector<std::int32_t>(tokens.begin() + first, tokens.end()));
+    for (int l = 0; l < layers; ++l) {
+        std::vector<float> k(std::size_t(n) * row), v(k.size());
+        for (int t = 0; t < n; ++t)
+            for (int i = 0; i < row; ++i) {
+                k[std::size_t(t) * row + i] = row_value(tokens[first + t], at + t, l, 0, i);
+                v[std::size_t(t) * row + i] = row_value(tokens[first + t], at + t, l, 1, i);
+            }
+        cache.write(id, l, at, span<const float>(k), span<const float>(v), n);
+    }
+    cache.publish(id);
+    return id;
+}
+
+template <class Element>
+std::vector<Element> rows_of(const paged_cache<Element, heads>& cache, sequence_id id, int layer) {
+    const int n = cache.length(id);
+    std::vector<Element> k(std::size_t(n) * row), v(k.size());
+    cache.read(id, layer, 0, n, span<Element>(k), span<Element>(v));
+    k.insert(k.end(), v.begin(), v.end());
+    return k;
+}
+
+template <class Element>
+bool same_rows(const paged_cache<Element, heads>& a, sequence_id ia, const paged_cache<Element, heads>& b,
+               sequence_id ib) {
+    if (a.length(ia) != b.length(ib)) return false;
+    for (int l = 0; l < layers; ++l) {
+        const auto x = rows_of(a, ia, l), y = rows_of(b, ib, l);
+        for (std::size_t i = 0; i < x.size(); ++i)
+            if (element_traits<Element>::to_float(x[i]) != element_traits<Element>::to_float(y[i])) return false;
+    }
+    return true;
+}
+
+/// What a refused import must leave as it was.
+struct snapshot {
+    std::vector<sequence_id> sequences;
+    int used, free, cached;
+    template <class Cache>
+    explicit snapshot(const Cache& c)
+        : sequences(c.sequences()), used(c.statistics().pages_used), free(c.statistics().pages_free),
+          cached(c.statistics().pages_cached) {}
+    bool operator==(const snapshot& o) const {
+        return sequences == o.sequences && used == o.used && free == o.free && cached == o.cached;
+    }
+};
+
+TEST_CASE("a sequence's pages go through bytes into another cache and attend there as they did") {
+    paged_cache<half, heads> prefill(layers, 16, page), decode(layers, 16, page);
+    const auto tokens = prompt_tokens(45);  // 5 full pages and 5 rows of a sixth
+    const sequence_id source = add_prompt(prefill, tokens);
+    const page_export<half> sent = export_pages(prefill, source);
+    CHECK(sent.page_count() == 6);
+    CHECK(sent.page_hashes.size() == 5);
+    CHECK(sent.payload_bytes() == std::size_t(45) * row * 2 * layers * sizeof(half));
+    const auto bytes = to_bytes(sent);
+    const sequence_id id = import_pages(decode, page_export_from_bytes<half>(bytes));
+    CHECK(same_rows(prefill, source, decode, id));
+    CHECK(decode.token_ids(id) == tokens);
+    CHECK(decode.pages(id).size() == 6);
+    // The full pages entered the receiver's prefix index: another request with
+    // the same prompt shares them.
+    const sequence_id again = decode.add_sequence();
+    CHECK(decode.match_prefix(again, std::vector<std::int32_t>(tokens.begin(), tokens.begin() + 44)) == 40);
+    CHECK(decode.page_references(decode.pages(id)[0]) == 2);
+    // Attention on the receiver equals attention on the sender (rows are equal).
+    const reference_backend reference;
+    std::vector<float> q(8 * 32), out_a(q.size()), out_b(q.size());
+    std::iota(q.begin(), q.end(), -100.0f);
+    for (float& x : q) x /= 128.0f;
+    reference.decode(decode_params(prefill.view(1, {source}), q, out_a));
+    reference.decode(decode_params(decode.view(1, {id}), q, out_b));
+    CHECK(out_a == out_b);
+}
+
+TEST_CASE("pages the receiver already caches are shared, not copied, and may be left out of the export") {
+    paged_cache<float, heads> prefill(layers, 16, page), decode(layers, 16, page);
+    const auto system = prompt_tokens(24);  // 3 pages of a shared system prompt
+    auto tokens = system;
+    const auto user = prompt_tokens(13, 1);
+    tokens.insert(tokens.end(), user.begin(), user.end());  // 37 tokens: 4 full pages and 5 rows
+    const sequence_id source = add_prompt(prefill, tokens);
+    const sequence_id earlier = add_prompt(decode, system);  // the receiver served the system prompt before
+    const int used_before = decode.statistics().pages_used;
+
+    SUBCASE("a whole export: the cached pages are taken from the receiver") {
+        const sequence_id id = import_pages(decode, export_pages(prefill, source));
+        CHECK(same_rows(prefill, source, decode, id));
+        for (int p = 0; p < 3; ++p) CHECK(decode.pages(id)[p] == decode.pages(earlier)[p]);
+        CHECK(decode.statistics().pages_used == used_before + 2);  // only pages 3 and 4 are new
+    }
+    SUBCASE("an export from page 3 on carries 13 rows and still rebuilds all 37") {
+        const page_export<float> sent = export_pages(prefill, source, 3);
+        CHECK(sent.payload.size() == std::size_t(13) * row * 2 * layers);
+        const sequence_id id = import_pages(decode, sent);
+        CHECK(same_rows(prefill, source, decode, id));
+        CHECK(decode.statistics().pages_used == used_before + 2);
+    }
+    SUBCASE("an export leaving out a page the receiver lacks is refused, the receiver unchanged") {
+        paged_cache<float, heads> fresh(layers, 16, page);
+        add_prompt(fresh, prompt_tokens(16));  // a receiver that holds 2 of the 3 system pages
+        const snapshot before(fresh);
+        CHECK_THROWS_WITH_AS(import_pages(fresh, export_pages(prefill, source, 3)),
+                             "kvcache: not_found: the export leaves out 3 pages but the cache's prefix cache holds "
+                             "only the first 2 of them",
+                             error);
+        CHECK(snapshot(fresh) == before);
+    }
+}
+
+TEST_CASE("an import that does not fit the receiver is refused with both sides named, the receiver unchanged") {
+    paged_cache<half, heads> prefill(layers, 16, page);
+    const sequence_id source = add_prompt(prefill, prompt_tokens(20));
+    const page_export<half> sent = export_pages(prefill, source);
+    const auto refused = [&](auto& cache, const page_export<half>& e, const std::string& message, int rank = 0,
+                             int ranks = 1) {
+        const snapshot before(cache);
+        CHECK_THROWS_WITH_AS(import_pages(cache, e, rank, ranks), message.c_str(), error);
+        CHECK(snapshot(cache) == before);
+    };
+    SUBCASE("other heads") {
+        paged_cache<half, head_config<8, 4, 32>> other(layers, 16, page);
+        page_export<half> e = sent;
+        CHECK_THROWS_WITH_AS(import_pages(other, e), "kvcache: invalid_argument: the export's heads 8q/2kv/d32 differ "
+                                                     "from the cache's 8q/4kv/d32", error);
+        CHECK(other.sequences().empty());
+    }
+    SUBCASE("another page size, layer count or shard") {
+        paged_cache<half, heads> pages16(layers, 16, 16), one_layer(1, 16, page), rank1(layers, 16, page);
+        refused(pages16, sent, "kvcache: invalid_argument: the export's page_size 8 differs from the cache's 16");
+        refused(one_layer, sent, "kvcache: invalid_argument: the export's layers 2 differ from the cache's 1");
+        refused(rank1, sent,
+                "kvcache: invalid_argument: the export holds tensor-parallel shard 0 of 1 but the cache is shard 1 "
+                "of 2",
+                1, 2);
+    }
+    SUBCASE("a damaged page, hash or count") {
+        paged_cache<half, heads> decode(layers, 16, page);
+        page_export<half> e = sent;
+        e.payload[std::size_t(2) * page * row * 2 * layers + 5] = half(9.0f);  // a row of page 2
+        refused(decode, e, "kvcache: format_error: page 2 of the export is damaged (checksum mismatch)");
+        e = sent;
+        e.tokens[3] += 1;
+        refused(decode, e, "kvcache: format_error: page 0's hash in the export does not match its token ids");
+        e = sent;
+        e.payload.pop_back();
+        refused(decode, e,
+                "kvcache: format_error: the export's payload holds 5119 elements, short of page 2's end at 5120");
+    }
+    SUBCASE("a pool too small") {
+        paged_cache<half, heads> small(layers, 2, page);
+        refused(small, sent, "kvcache: capacity_exceeded: sequence 0 needs 3 pages; the pool of 2 has 2 free and 0 evictable");
+    }
+}
+
+TEST_CASE("page exports as bytes refuse damage, truncation and the wrong element type") {
+    paged_cache<float, heads> prefill(layers, 16, page);
+    const auto bytes = to_bytes(export_pages(prefill, add_prompt(prefill, prompt_tokens(11))));
+    auto damaged = bytes;
+    damaged[100] ^= 1;
+    CHECK_THROWS_WITH_AS(page_export_from_bytes<float>(damaged),
+                         ("kvcache: format_error: the page export's " + std::to_string(bytes.size()) +
+                          " bytes are damaged (checksum mismatch)").c_str(),
+                         error);
+    const std::vector<unsigned char> cut(bytes.begin(), bytes.begin() + 40);
+    CHECK_THROWS_AS(page_export_from_bytes<float>(cut), error);
+    CHECK_THROWS_WITH_AS(page_export_from_bytes<half>(bytes),
+                         "kvcache: format_error: the page export holds fp32 rows, not fp16", error);
+    const page_export<float> back = page_export_from_bytes<float>(bytes);
+    CHECK(back.length == 11);
+    CHECK(back.tokens == prompt_tokens(11));
+}
+
+TEST_CASE("fp8 pages carry their layers' scales and refuse a receiver with other scales") {
+    paged_cache<float8_e4m3, heads> prefill(layers, 16, page), decode(layers, 16, page), other(layers, 16, page);
+    for (auto* c : {&prefill, &decode}) c->set_scales(1, kv_scales{0.5f, 2.0f});
+    other.set_scales(1, kv_scales{0.25f, 2.0f});
+    const sequence_id source = add_prompt(prefill, prompt_tokens(19));
+    const auto bytes = to_bytes(export_pages(prefill, source));
+    const auto sent = page_export_from_bytes<float8_e4m3>(bytes);
+    CHECK(same_rows(prefill, source, decode, import_pages(decode, sent)));
+    CHECK_THROWS_WITH_AS(import_pages(other, sent),
+                         "kvcache: invalid_argument: the export's scales of layer 1 (key 0.5, value 2) differ from the "
+                         "cache's (key 0.25, value 2)",
+                         error);
+    CHECK(other.sequences().empty());
+}
+
+TEST_CASE("a swapped-out sequence exports from the host tier") {
+    paged_cache<half, heads> prefill(layers, 16, page), decode(layers, 16, page);
+    prefill.attach_host_tier(8);
+    const sequence_id source = add_prompt(prefill, prompt_tokens(30));
+    const auto before = export_pages(prefill, source);
+    prefill.swap_out(source);
+    const auto sent = export_pages(prefill, source);
+    CHECK(sent.payload.size() == before.payload.size());
+    CHECK(sent.page_checksums == before.page_checksums);
+    const sequence_id id = import_pages(decode, sent);
+    prefill.swap_in(source);
+    CHECK(same_rows(prefill, source, decode, id));
+}
+
+}  // namespace

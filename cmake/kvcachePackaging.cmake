@@ -7,7 +7,7 @@ include(CMakePackageConfigHelpers)
 # The emulator's headers are installed by its file set, the rest of the tree
 # here; each header is installed once, by the target it belongs to.
 set(_kvcache_emulator_exclude "")
-foreach(_header IN LISTS KVCACHE_EMULATOR_HEADERS)
+foreach(_header IN LISTS KVCACHE_EMULATOR_HEADERS KVCACHE_UCX_HEADERS)
     string(REGEX REPLACE "([.+])" "\\\\\\1" _pattern "${_header}")
     list(APPEND _kvcache_emulator_exclude REGEX "/${_pattern}$" EXCLUDE)
 endforeach()
@@ -15,6 +15,13 @@ install(TARGETS kvcache kvcache_emulator EXPORT kvcacheTargets FILE_SET HEADERS)
 install(DIRECTORY include/kvcache DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" ${_kvcache_emulator_exclude})
 install(FILES "${PROJECT_BINARY_DIR}/include/kvcache/version.hpp" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/kvcache")
 install(EXPORT kvcacheTargets NAMESPACE kvcache:: DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
+# kvcache::ucx in an export set of its own: kvcacheConfig.cmake loads it only
+# where the consumer finds UCX, so a consumer without UCX still finds kvcache.
+if(KVCACHE_HAS_UCX)
+    install(TARGETS kvcache_ucx EXPORT kvcacheUcxTargets FILE_SET HEADERS)
+    install(EXPORT kvcacheUcxTargets NAMESPACE kvcache:: DESTINATION "${KVCACHE_INSTALL_CMAKEDIR}")
+    export(EXPORT kvcacheUcxTargets NAMESPACE kvcache:: FILE "${PROJECT_BINARY_DIR}/kvcacheUcxTargets.cmake")
+endif()
 
 # kvcache_add_cuda_instantiations() and what it reads: it finds its templates
 # beside itself, so they travel together (the build tree gets copies too, for

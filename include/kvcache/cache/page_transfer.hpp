@@ -270,7 +270,7 @@ page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
     const auto take = [&](void* data, std::size_t n) {
         require(n <= bytes.size() - 8 - at, error_code::format_error, "the page export ends ", n - (bytes.size() - 8 - at),
                 " bytes short");
-        std::memcpy(data, bytes.data() + at, n);
+        if (n > 0) std::memcpy(data, bytes.data() + at, n);  // an empty vector's data() may be null
         at += n;
     };
     char magic[8];

@@ -117,6 +117,8 @@ public:
     void wait_for(std::chrono::milliseconds timeout, Done&& done, Failed&& failed, const char* what,
                   const std::string& peer) const {
         const auto deadline = std::chrono::steady_clock::now() + timeout;
+        constexpr auto idle_spin = std::chrono::microseconds(50);
+        auto idle_since = std::chrono::steady_clock::now();
         for (;;) {
             const unsigned progressed = ucp_worker_progress(worker_);
             if (done()) return;
@@ -124,7 +126,11 @@ public:
             if (std::chrono::steady_clock::now() > deadline)
                 throw_error(error_code::io_error, "timed out after ", timeout.count(), " ms waiting for ", what,
                             " (peer ", peer, ")");
-            if (progressed == 0) std::this_thread::yield();  // other processes share the cores
+            // Spin while UCX has work; idle past idle_spin, nap briefly so that a peer sharing
+            // the cores (shared memory: the peer's CPU does the copy) gets them.
+            const auto now = std::chrono::steady_clock::now();
+            if (progressed != 0) idle_since = now;
+            else if (now - idle_since > idle_spin) std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
     }
 

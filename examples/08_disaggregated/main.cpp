@@ -121,8 +121,10 @@ int prefill_worker(const settings& s, std::uint16_t port) {
         const std::vector<float> logits = model.forward(prompt.data(), int(prompt.size()), 0, attention);
         const int first = ex::argmax(logits.data(), int(logits.size()));
         sender.send(kvcache::export_pages(cache, attention.sequence()), std::uint64_t(first));
+        // UCX moves data only while this process progresses it: wait for the transfer before the
+        // next prompt's compute (an engine would progress from a thread of its own and overlap them).
+        sender.flush();
     }
-    sender.flush();
     std::printf("prefill worker: UCX lanes of the transfers:\n%s", sender.describe().c_str());
     return 0;
 }

@@ -236,13 +236,14 @@ std::vector<unsigned char> to_bytes(const page_export<Element>& e) {
     put(detail::page_export_magic, sizeof detail::page_export_magic);
     put_value(detail::page_export_version);
     put_value(std::uint32_t(e.element));
-    for (const int v : {e.heads.query_heads, e.heads.kv_heads, e.heads.head_dim, e.shard_rank, e.shard_ranks,
-                        e.page_size, e.layers, e.length, e.first_page})
-        put_value(std::int32_t(v));
-    for (const std::uint64_t n : {std::uint64_t(e.scales.size()), std::uint64_t(e.tokens.size()),
-                                  std::uint64_t(e.page_hashes.size()), std::uint64_t(e.page_checksums.size()),
-                                  std::uint64_t(e.payload.size())})
-        put_value(n);
+    // Named arrays rather than braced lists in the loops: nvcc's host-code rewrite breaks those.
+    const std::int32_t fields[] = {e.heads.query_heads, e.heads.kv_heads, e.heads.head_dim, e.shard_rank,
+                                   e.shard_ranks, e.page_size, e.layers, e.length, e.first_page};
+    for (const std::int32_t v : fields) put_value(v);
+    const std::uint64_t counts[] = {std::uint64_t(e.scales.size()), std::uint64_t(e.tokens.size()),
+                                    std::uint64_t(e.page_hashes.size()), std::uint64_t(e.page_checksums.size()),
+                                    std::uint64_t(e.payload.size())};
+    for (const std::uint64_t n : counts) put_value(n);
     for (const kv_scales& s : e.scales) put_value(s.key), put_value(s.value);
     put(e.tokens.data(), e.tokens.size() * sizeof(std::int32_t));
     put(e.page_hashes.data(), e.page_hashes.size() * sizeof(std::uint64_t));

@@ -251,3 +251,12 @@ TEST_CASE("a payload damaged in transit arrives, and import_pages refuses it wit
         });
     CHECK(end.exit_status == 0);
 }
+
+TEST_CASE("options out of range are refused before anything connects") {
+    ucx_options no_window;
+    no_window.window = 0;
+    CHECK_THROWS_WITH_AS(ucx_sender("127.0.0.1", 1, no_window), doctest::Contains("the send window 0 must be positive"),
+                         error);
+    CHECK_THROWS_WITH_AS(ucx_receiver(short_waits(0)), doctest::Contains("UCX timeouts (0 ms"), error);
+    CHECK_THROWS_WITH_AS(ucx_sender("localhost", 1), doctest::Contains("'localhost' is not an IPv4 address"), error);
+}

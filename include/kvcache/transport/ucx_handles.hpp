@@ -73,6 +73,8 @@ public:
         require(options.timeout.count() > 0 && options.accept_timeout.count() > 0, error_code::invalid_argument,
                 "the UCX timeouts (", options.timeout.count(), " ms, accept ", options.accept_timeout.count(),
                 " ms) must be positive");
+        require(options.window > 0, error_code::invalid_argument, "the send window ", options.window,
+                " must be positive");
         ucp_config_t* config = nullptr;
         ucx_require(ucp_config_read(nullptr, nullptr, &config), "reading the configuration");
         if (!options.transports.empty()) {

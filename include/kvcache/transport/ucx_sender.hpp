@@ -1,7 +1,8 @@
 // The sending end of a page transfer over UCX: connects to a ucx_receiver's
 // address (UCP client-server over a socket address; UCX then picks shared
-// memory on one host, TCP or RDMA across hosts, see ucx_wire.hpp) and sends page exports, a
-// bounded window of them in flight at once. Needs UCX (kvcache::ucx).
+// memory on one host, TCP or RDMA across hosts, see ucx_wire.hpp) and sends
+// page exports, a bounded window of them in flight at once. Needs UCX
+// (kvcache::ucx).
 #pragma once
 
 #include <cstdint>
@@ -36,8 +37,6 @@ public:
           address_(detail::ipv4_address(host, port)),
           worker_(options),
           control_(worker_, client_params(address_), host + ":" + std::to_string(port)) {
-        require(options.window > 0, error_code::invalid_argument, "the send window ", options.window,
-                " must be positive");
         ucp_tag_recv_info_t info{};
         ucp_tag_message_h message = nullptr;
         worker_.wait_for(

@@ -274,22 +274,25 @@ def window_nats(model, windows, chunk=32):
 @torch.no_grad()
 def recall_scores(model, items):
     """Per query: whether the greedy (argmax) prediction of every answer byte is right given
-    the text before it, and the smallest top-1 minus top-2 logit gap over its bytes."""
-    correct, margins = [], []
+    the text before it, the smallest top-1 minus top-2 logit gap over its bytes, and the
+    argmax token of each of its bytes."""
+    correct, margins, predicted = [], [], []
     for text, spans in items:
         ids = torch.tensor([[BOS] + list(text.encode("ascii"))], dtype=torch.long)
         logits = model(ids[:, :-1])[0]
         for first, length in spans:
-            ok, margin = True, float("inf")
+            ok, margin, argmaxes = True, float("inf"), []
             for j in range(first, first + length):
                 # The byte at text position j is token j + 1, predicted by the logits of row j.
                 row = logits[j]
                 top2 = torch.topk(row, 2)
-                ok = ok and int(top2.indices[0]) == int(ids[0, j + 1])
+                argmaxes.append(int(top2.indices[0]))
+                ok = ok and argmaxes[-1] == int(ids[0, j + 1])
                 margin = min(margin, float(top2.values[0] - top2.values[1]))
             correct.append(ok)
             margins.append(margin)
-    return correct, margins
+            predicted.append(argmaxes)
+    return correct, margins, predicted
 
 
 # ---------------------------------------------------------------- output
@@ -311,6 +314,22 @@ def write_safetensors(path, tensors):
         f.write(text)
         for raw in blobs:
             f.write(raw)
+
+
+def read_safetensors(path):
+    """The tensors of a safetensors file write_safetensors wrote, as float32."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack_from("<Q", blob, 0)
+    header = json.loads(blob[8:8 + n])
+    tensors = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = e["data_offsets"]
+        raw = bytearray(blob[8 + n + begin:8 + n + end])
+        tensors[name] = torch.frombuffer(raw, dtype=torch.float16).reshape(e["shape"]).float()
+    return tensors
 
 
 def hf_config():
@@ -341,6 +360,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--evaluate-only", action="store_true",
+                    help="no training: evaluate --out's model.safetensors and rewrite the evaluation files")
     ap.add_argument("--sample-bytes", type=int, default=255 * 128, help="held-out prose shipped for the C++ tests")
     ap.add_argument("--recall-eval", type=int, default=400, help="recall texts PyTorch scores")
     ap.add_argument("--recall-shipped", type=int, default=48, help="of those, the first N shipped for the C++ tests")
@@ -380,8 +401,17 @@ def main():
 
     start = time.time()
     log = []
-    text_loss = recall_loss = None
-    for step in range(args.steps):
+    previous = None
+    if args.evaluate_only:
+        # Recompute the evaluation files and figures of the shipped weights; the training
+        # record of the run that made them is kept.
+        with open(os.path.join(args.out, "results.json")) as f:
+            previous = json.load(f)
+        log = previous["log"]
+        with torch.no_grad():
+            for name, value in read_safetensors(os.path.join(args.out, "model.safetensors")).items():
+                model.params[name].copy_(value)
+    for step in range(0 if args.evaluate_only else args.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         x, y = batch(rng, train_blob, args.batch, args.recall_fraction)
@@ -395,14 +425,14 @@ def main():
             model.eval()
             probe_nats = window_nats(model, probe)
             held_bpb = sum(probe_nats) / (len(probe) * (CONTEXT - 1)) / math.log(2)
-            correct, _ = recall_scores(model, recall_items[:32])
+            correct, _, _ = recall_scores(model, recall_items[:32])
             model.train()
             entry = dict(step=step, seconds=round(time.time() - start, 1), train_loss=round(loss.item(), 4),
                          heldout_probe_bits_per_byte=round(held_bpb, 4),
                          recall_probe_accuracy=round(sum(correct) / len(correct), 4))
             log.append(entry)
             print(json.dumps(entry), flush=True)
-    train_seconds = time.time() - start
+    train_seconds = previous["training"]["seconds"] if previous else time.time() - start
 
     # The figures are computed on the weights as shipped (rounded to F16, computed in float32),
     # so the C++ engine, which loads the same F16 file, is checked against exactly this model.
@@ -423,7 +453,7 @@ def main():
     with open(os.path.join(args.out, "heldout_sample.txt"), "wb") as f:
         f.write(sample)
 
-    correct, margins = recall_scores(model, recall_items)
+    correct, margins, predicted = recall_scores(model, recall_items)
     shipped = recall_items[: args.recall_shipped]
     shipped_queries = sum(len(s) for _, s in shipped)
     with open(os.path.join(args.out, "recall_set.json"), "w") as f:
@@ -439,7 +469,7 @@ def main():
     ln2 = math.log(2)
     results = {
         "computed_by": f"PyTorch {torch.__version__}, float32, on the F16 weights of model.safetensors",
-        "training": dict(steps=args.steps, batch=args.batch, context=CONTEXT, lr=args.lr,
+        "training": previous["training"] if previous else dict(steps=args.steps, batch=args.batch, context=CONTEXT, lr=args.lr,
                          recall_fraction=args.recall_fraction, seed=args.seed, threads=args.threads,
                          seconds=round(train_seconds, 1), tokens=args.steps * args.batch * (CONTEXT - 1),
                          final_train_loss=log[-1]["train_loss"]),
@@ -456,7 +486,8 @@ def main():
         "recall_set": dict(file="recall_set.json", texts=len(shipped), queries=shipped_queries,
                            accuracy=sum(correct[:shipped_queries]) / shipped_queries,
                            correct=correct[:shipped_queries],
-                           margins=[round(m, 5) for m in margins[:shipped_queries]]),
+                           margins=[round(m, 5) for m in margins[:shipped_queries]],
+                           predicted=predicted[:shipped_queries]),
         "log": log,
     }
     with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -6,6 +6,7 @@
 // (the owner's layout and element type) shows up in both.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -107,7 +108,8 @@ struct recall_item {
 /// Which queries the model answered: all of an answer's tokens are the argmax of the logits
 /// before them, given the true text before each (what greedy generation would produce).
 struct recall_result {
-    std::vector<bool> correct;  ///< per query, items in order
+    std::vector<bool> correct;               ///< per query, items in order
+    std::vector<std::vector<int>> predicted;  ///< per query, the argmax token at each answer position
 
     /// Queries answered right.
     int right() const noexcept {
@@ -143,10 +145,9 @@ recall_result evaluate_recall(llama_model& model, const std::vector<recall_item>
                                                                argmax(logits, vocab);
                                                        });
         for (const recall_query& q : item.answers) {
-            bool right = true;
-            for (int j = q.first; j < q.first + q.length; ++j)
-                right = right && predicted[static_cast<std::size_t>(j)] == item.tokens[static_cast<std::size_t>(j)];
-            result.correct.push_back(right);
+            const auto first = predicted.begin() + q.first;
+            result.predicted.emplace_back(first, first + q.length);
+            result.correct.push_back(std::equal(first, first + q.length, item.tokens.begin() + q.first));
         }
     }
     return result;

@@ -158,21 +158,21 @@ cached_generation generate_in(Cache& cache, llama_model& model, const std::vecto
     return result;
 }
 
-// The owner of `layers` layers in the dispatched layout, handed to f(owner).
+// The owner of `layers` layers in the dispatched layout, handed to f(owner); returns what f returns.
 template <class Element, class Heads, class Memory, class F>
-cached_generation with_owner(contiguous_layout, const Heads& heads, const cache_options&, int layers, int total, F&& f) {
+auto with_owner(contiguous_layout, const Heads& heads, const cache_options&, int layers, int total, F&& f) {
     static_cache<Element, Heads, Memory> owner(heads, layers, 1, total);
     return f(owner);
 }
 template <class Element, class Heads, class Memory, class F>
-cached_generation with_owner(paged_layout, const Heads& heads, const cache_options& cache, int layers, int total, F&& f) {
+auto with_owner(paged_layout, const Heads& heads, const cache_options& cache, int layers, int total, F&& f) {
     require(cache.page_size > 0, error_code::invalid_argument, "page size ", cache.page_size, " must be positive");
     paged_cache<Element, Heads, Memory> owner(heads, layers, (total + cache.page_size - 1) / cache.page_size,
                                               cache.page_size, false);
     return f(owner);
 }
 template <class Element, class Heads, class Memory, class F>
-cached_generation with_owner(sliding_window_layout, const Heads& heads, const cache_options& cache, int layers, int,
+auto with_owner(sliding_window_layout, const Heads& heads, const cache_options& cache, int layers, int,
                              F&& f) {
     sliding_window_cache<Element, Heads, Memory> owner(heads, layers, 1, cache.window, cache.sinks, cache.prefill_chunk);
     return f(owner);

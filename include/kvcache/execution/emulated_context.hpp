@@ -123,14 +123,27 @@ public:
 
     /// 16-byte load; reports a misaligned or null address.
     KVCACHE_HOST_DEVICE vector16 load16(const void* address) const {
-        KVCACHE_EMULATOR_DO(check16(address, "load16"))
+        KVCACHE_EMULATOR_DO(check_aligned(address, 16, "load16"))
         vector16 v;
         std::memcpy(&v, address, sizeof v);
         return v;
     }
     /// 16-byte store; reports a misaligned or null address.
     KVCACHE_HOST_DEVICE void store16(void* address, const vector16& v) const {
-        KVCACHE_EMULATOR_DO(check16(address, "store16"))
+        KVCACHE_EMULATOR_DO(check_aligned(address, 16, "store16"))
+        std::memcpy(address, &v, sizeof v);
+    }
+
+    /// 8-byte load; reports a misaligned or null address.
+    KVCACHE_HOST_DEVICE vector8 load8(const void* address) const {
+        KVCACHE_EMULATOR_DO(check_aligned(address, 8, "load8"))
+        vector8 v;
+        std::memcpy(&v, address, sizeof v);
+        return v;
+    }
+    /// 8-byte store; reports a misaligned or null address.
+    KVCACHE_HOST_DEVICE void store8(void* address, const vector8& v) const {
+        KVCACHE_EMULATOR_DO(check_aligned(address, 8, "store8"))
         std::memcpy(address, &v, sizeof v);
     }
 
@@ -155,12 +168,12 @@ private:
         return detail::bit_copy<T>(static_cast<bits_type>(result));
     }
 
-    void check16(const void* address, const char* what) const {
+    void check_aligned(const void* address, std::uintptr_t bytes, const char* what) const {
         const auto at = reinterpret_cast<std::uintptr_t>(address);
         if (address == nullptr) runner_->fault(thread_, what, " of a null address");
-        if (at % 16 != 0)
-            runner_->fault(thread_, what, " at address 0x", std::hex, at, std::dec, " is not 16-byte aligned (off by ",
-                           at % 16, ")");
+        if (at % bytes != 0)
+            runner_->fault(thread_, what, " at address 0x", std::hex, at, std::dec, " is not ", bytes,
+                           "-byte aligned (off by ", at % bytes, ")");
     }
 
     detail::block_runner* runner_;

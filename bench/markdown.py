@@ -82,8 +82,12 @@ def main():
                      "layout ms", "contiguous ms", "rounds"], rows))
 
     rows = []
+    per_type = []
     for r in of("memory_waste"):
         p, m = r["params"], r["metrics"]
+        if "element" in p:  # one full page per storage type: its bytes per token per layer
+            per_type.append([p["element"], p["heads"], f'{m["bytes_per_token_per_layer"]:.0f}'])
+            continue
         rows.append([p["workload"], p["layout"], str(p["requests"]), str(p["max_length"]),
                      f'{p["length_mean"]:.0f} / {p["length_median"]} / {p["length_max"]}',
                      f'{m["reserved_bytes"] / 2**20:.1f}', f'{m["live_bytes"] / 2**20:.1f}',
@@ -92,6 +96,9 @@ def main():
         print("### memory_waste\n")
         print(table(["workload", "layout", "requests", "max length", "length mean / median / max",
                      "reserved MiB", "live MiB", "waste_fraction"], rows))
+    if per_type:
+        print("### memory_waste: bytes per token per layer by storage type\n")
+        print(table(["element", "heads", "bytes per token per layer (K and V)"], per_type))
 
     rows = []
     for r in of("prefill"):

@@ -2,7 +2,10 @@
 // bytes reserved vs bytes holding live K/V, for the static contiguous cache
 // (one slot of the model's maximum length per request) and the paged cache
 // (16-token pages handed out as sequences grow). Both owners are real; the
-// figures are their own bytes_reserved/bytes_used accounting.
+// figures are their own bytes_reserved/bytes_used accounting. Then, per
+// storage type (fp32, fp16, bf16, fp8 e4m3 and e5m2), the bytes one token's K
+// and V take in one layer of a Llama-3-8B-shaped paged cache, from the same
+// accounting.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +16,8 @@
 #include "benchmarks.hpp"
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
+#include "kvcache/configuration/configuration.hpp"
+#include "kvcache/configuration/presets.hpp"
 
 namespace kvcache::bench {
 
@@ -71,9 +76,32 @@ void report_layout(report& out, const workload& w, const std::vector<int>& lengt
     out.add({"memory_waste", params, metrics});
 }
 
+/// One full page of a paged cache of Element with Llama-3-8B's heads (8 KV x
+/// 128): its bytes per token per layer, from the pool's own accounting.
+template <class Element>
+void report_element(report& out) {
+    using heads = presets::llama3_8b::heads;
+    constexpr int page_size = 16;
+    paged_cache<Element, heads> cache(1, 1, page_size, false);
+    cache.begin_append(cache.add_sequence(), page_size);
+    const std::size_t held = cache.statistics().bytes_used;
+    const std::size_t rows = std::size_t(page_size) * 2 * heads::kv_heads() * heads::head_dim * sizeof(Element);
+    out.add({"memory_waste",
+             {{"layout", "paged"}, {"workload", "one full page"}, {"element", element_traits<Element>::name},
+              {"heads", "llama3_8b (8 KV heads x 128)"}},
+             {{"waste_fraction", 1.0 - double(rows) / double(held)},
+              {"bytes_per_token_per_layer", double(held) / page_size}}});
+}
+
+template <class... Elements>
+void report_elements(report& out, type_list<Elements...>) {
+    (report_element<Elements>(out), ...);
+}
+
 }  // namespace
 
 void run_memory_waste(const options&, report& out) {
+    report_elements(out, cache_elements{});
     // Chat serving (prompts of a few hundred tokens, answers of a few hundred)
     // under a 4K context limit, and long-document work under a 32K limit.
     const std::vector<workload> workloads = {

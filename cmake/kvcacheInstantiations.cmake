@@ -4,7 +4,8 @@
 #   kvcache_add_cuda_instantiations(<target>
 #       CONFIGURATIONS <layout>:<element>:<query heads>:<kv heads>:<head dim> ...)
 #
-# layout: contiguous | paged | sliding_window; element: fp32 | fp16 | bf16; a head
+# layout: contiguous | paged | sliding_window; element: fp32 | fp16 | bf16 |
+# fp8_e4m3 | fp8_e5m2 (fp8 caches are instantiated for half queries and rows); a head
 # count may be "dynamic" (kvcache::dynamic: one TU serves every count of that
 # head dimension, e.g. paged:fp16:dynamic:dynamic:128). Makes the
 # static library <target> (link it and include kvcache/backend/cuda.hpp from
@@ -12,8 +13,9 @@
 # defining kvcache::compiled::<target> (a type_list for kvcache::dispatch).
 #
 # Lists shipped with kvcache:
-#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (33 TUs:
-#                                      fp32 and fp16 in full, bf16 on three);
+#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (35 TUs:
+#                                      fp32 and fp16 in full, bf16 on three,
+#                                      fp8 on two);
 #                                      equals kvcache::test_configurations
 #   KVCACHE_CUDA_PRESET_CONFIGURATIONS every layout and type for the model
 #                                      presets (36 TUs); equals kvcache::preset_configurations
@@ -42,6 +44,9 @@ _kvcache_product(KVCACHE_CUDA_TEST_CONFIGURATIONS "fp32;fp16" "4:4:32;8:2:64;4:1
 # bf16 shares every code path with fp16 but its conversions, so three TUs (one per layout) cover it.
 list(APPEND KVCACHE_CUDA_TEST_CONFIGURATIONS "contiguous:bf16:dynamic:dynamic:32" "paged:bf16:8:2:64"
      "sliding_window:bf16:4:1:32")
+# fp8 differs from fp16 in the tile load's widening, the append's narrowing and the scales: two TUs
+# (one per encoding; compiled and dynamic counts) cover those, CI building every TU on two cores.
+list(APPEND KVCACHE_CUDA_TEST_CONFIGURATIONS "paged:fp8_e4m3:8:2:64" "sliding_window:fp8_e5m2:dynamic:dynamic:32")
 _kvcache_product(KVCACHE_CUDA_PRESET_CONFIGURATIONS "fp32;fp16;bf16" "32:8:128;32:32:128;28:4:128;8:2:64")
 
 function(kvcache_add_cuda_instantiations target)
@@ -87,8 +92,13 @@ function(kvcache_add_cuda_instantiations target)
             set(type "kvcache::half")
         elseif(element STREQUAL "bf16")
             set(type "kvcache::bfloat16")
+        elseif(element STREQUAL "fp8_e4m3")
+            set(type "kvcache::float8_e4m3")
+        elseif(element STREQUAL "fp8_e5m2")
+            set(type "kvcache::float8_e5m2")
         else()
-            message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not fp32, fp16 or bf16")
+            message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not fp32, fp16, bf16, "
+                                "fp8_e4m3 or fp8_e5m2")
         endif()
         # A head count may be "dynamic": one instantiation then serves every count (kvcache::dynamic).
         set(q_arg "${q}")

@@ -121,6 +121,10 @@ inline std::vector<tensor_to_write> checkpoint_tensors(const model_weights& w, c
         add(p + "mlp.gate_proj.weight", {u(c.intermediate_size), u(c.hidden_size)}, L.w_gate);
         add(p + "mlp.up_proj.weight", {u(c.intermediate_size), u(c.hidden_size)}, L.w_up);
         add(p + "mlp.down_proj.weight", {u(c.hidden_size), u(c.intermediate_size)}, L.w_down);
+        if (!c.cache_scales.empty()) {  // fp8 cache scales as vLLM's checkpoints ship them: 0-d tensors
+            add(p + "self_attn.k_scale", {}, {c.cache_scales[l].key});
+            add(p + "self_attn.v_scale", {}, {c.cache_scales[l].value});
+        }
     }
     add("model.norm.weight", {u(c.hidden_size)}, w.final_norm);
     if (!c.tie_word_embeddings) add("lm_head.weight", {u(c.vocab_size), u(c.hidden_size)}, w.lm_head);

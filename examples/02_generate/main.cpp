@@ -43,7 +43,8 @@ options:
                        is present; emulated: the CUDA path's steps on kvcache's
                        SIMT emulator, slow, to check it without a GPU)
   --layout KIND        contiguous | paged | sliding_window (default paged)
-  --dtype TYPE         fp32 | fp16 | bf16: the cache's element type (default fp32)
+  --dtype TYPE         fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2: the cache's element type
+                       (default fp32; fp8 is e4m3, stored with per-layer scales)
   --page-size N        paged: tokens per page (default 16)
   --window N           sliding_window: keys a query sees (default 512)
   --sinks N            sliding_window: first positions kept forever (default 4)
@@ -111,10 +112,17 @@ int run(int argc, char** argv) {
                     kvcache::to_string(cache.element), pool.size());
     std::printf("greedy decoding of %d tokens per context; \"recompute\" runs the whole sequence at every step, no cache\n",
                 new_tokens);
-    if (cache.element != kvcache::element_kind::fp32)
+    const bool fp8 = kvcache::is_scaled_kind(cache.element);
+    if (fp8 && cached_path.element_queries_outputs)  // the CUDA path takes and gives fp16 around an fp8 cache
+        std::printf("note: the recompute path rounds its K/V through fp16 and then %s, and its queries and outputs "
+                    "through fp16, as the CUDA backend takes and gives them, so both attend over the same values\n",
+                    kvcache::to_string(cache.element));
+    else if (cache.element != kvcache::element_kind::fp32)
         std::printf("note: the recompute path rounds its K/V%s through %s too, so both attend over the same values\n",
                     cached_path.element_queries_outputs ? " (and queries and outputs, as the CUDA backend does)" : "",
                     kvcache::to_string(cache.element));
+    if (fp8)
+        std::printf("note: fp8 scales are 1.0 for keys and values in every layer (random weights, no checkpoint scales)\n");
     if (cache.layout == kvcache::layout_kind::sliding_window)
         std::printf("note: the recompute path applies the same window and sinks, so both compute the same model\n");
     std::printf("\n");

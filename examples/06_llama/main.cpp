@@ -42,7 +42,8 @@ options:
                          with full attention; layers the config windows (Mistral's sliding_window,
                          Qwen2's layer_types / max_window_layers) always go into a sliding-window
                          cache of the config's window, without sinks
-  --dtype TYPE           fp32 | fp16 | bf16: the cache's element type (default fp32)
+  --dtype TYPE           fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2: the cache's element type
+                         (default fp32; fp8 is e4m3, stored with per-layer scales)
   --page-size N          paged: tokens per page (default 16)
   --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
   --sinks N              sliding_window: first positions kept forever in those layers (default 4)
@@ -176,6 +177,17 @@ int run(int argc, char** argv) {
         std::printf("cache: %s, %s, kvcache %s backend, %d threads%s\n", layout_text.c_str(),
                     kvcache::to_string(cache.element), on_cuda ? "CUDA" : "CPU", pool.size(),
                     on_cuda ? " for the rest of the model" : "");
+    if (want_cached && kvcache::is_scaled_kind(cache.element)) {
+        // vLLM's convention: one k_scale and one v_scale per layer; without them every scale is 1.
+        const ex::model_config& loaded = model.config();
+        if (loaded.cache_scales.empty())
+            std::printf("fp8 scales: 1.0 for keys and values in every layer (the checkpoint has no "
+                        "self_attn.k_scale / v_scale tensors)\n");
+        else
+            std::printf("fp8 scales: per layer from the checkpoint's self_attn.k_scale / v_scale (layer 0: key %g, "
+                        "value %g)\n",
+                        loaded.scales_of(0).key, loaded.scales_of(0).value);
+    }
     if (want_recompute)
         std::printf("recompute: the whole sequence at every step, no cache, on the CPU%s%s%s\n",
                     !want_cached || cache.element == kvcache::element_kind::fp32 ? ""

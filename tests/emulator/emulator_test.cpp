@@ -104,6 +104,17 @@ TEST_CASE("a missing barrier is exposed by the reverse and shuffled schedules") 
     }
 }
 
+TEST_CASE("load8 and store8 move 8 bytes in memory order") {
+    alignas(8) unsigned char source[8 * 32], out[8 * 32];
+    for (int i = 0; i < 8 * 32; ++i) source[i] = static_cast<unsigned char>(3 * i + 1);
+    kvcache::for_each_schedule([&](const emulator_options& options) {
+        std::memset(out, 0, sizeof out);
+        emulate<copy8_body>(index3{}, 0, copy8_params{source, out, 0}, options);
+        for (int lane = 0; lane < 32; ++lane)
+            for (int i = 0; i < 8; ++i) CHECK(out[8 * lane + i] == source[8 * lane + 7 - i]);
+    }, {emulator_schedule::in_order(), emulator_schedule::shuffled(3)});
+}
+
 TEST_CASE("load16 and store16 move 16 bytes as 4 floats or 8 halves") {
     alignas(16) unsigned char source[16 * 32 + 16];
     for (int i = 0; i < 32 * 4; ++i) {

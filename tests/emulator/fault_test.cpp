@@ -222,6 +222,19 @@ TEST_CASE("a misaligned 16-byte access") {
     }, schedules);
 }
 
+TEST_CASE("a misaligned 8-byte access") {
+    alignas(8) unsigned char source[8 * 33] = {};
+    alignas(8) unsigned char out[8 * 32];
+    kvcache::for_each_schedule([&](const emulator_options& options) {
+        const std::string message =
+            fault_message([&] { emulate<copy8_body>(index3{}, 0, copy8_params{source, out, 4}, options); });
+        CHECK(contains(message, "kernel copy8, block (0,0,0), thread "));
+        CHECK(contains(message, "load8 at address 0x"));
+        CHECK(contains(message, "is not 8-byte aligned (off by 4)"));
+        CHECK_NOTHROW(emulate<copy8_body>(index3{}, 0, copy8_params{source, out, 8}, options));
+    }, schedules);
+}
+
 struct nested_body {
     static constexpr const char* name = "nested";
     static constexpr int block_threads = 32;

@@ -13,6 +13,7 @@ namespace kvcache_test {
 
 using kvcache::index3;
 using kvcache::vector16;
+using kvcache::vector8;
 
 /// Per-block sum and max of `input` (block_threads values per block), twice in
 /// a row so the reduction's scratch reuse is exercised.
@@ -107,6 +108,26 @@ struct copy16_body {
             kvcache::set_half(halves, i, kvcache::half(0.5f * static_cast<float>(kvcache::vector16_half(v, i))));
         ctx.store16(p.float_out + 16 * t, floats);
         ctx.store16(p.half_out + 16 * t, halves);
+    }
+};
+
+/// Each lane loads 8 bytes from source + offset + 8 * lane (load8) and stores
+/// them in reverse byte order to out + 8 * lane (store8): 8 fp8 elements' access.
+struct copy8_params {
+    const unsigned char* source;
+    unsigned char* out;
+    int offset;  ///< bytes added to source: not a multiple of 8 to provoke a fault
+};
+struct copy8_body {
+    static constexpr const char* name = "copy8";
+    static constexpr int block_threads = 32;
+    template <class Context>
+    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const copy8_params& p) const {
+        const int t = ctx.thread_index();
+        const vector8 v = ctx.load8(p.source + p.offset + 8 * t);
+        vector8 reversed{};
+        for (int i = 0; i < 8; ++i) kvcache::set_byte(reversed, i, kvcache::vector8_byte(v, 7 - i));
+        ctx.store8(p.out + 8 * t, reversed);
     }
 };
 

@@ -118,6 +118,11 @@ TEST_CASE("cpu backend passes the backend suite: bfloat16 in every layout") {
     check_bfloat16(cpu, "cpu");
 }
 
+TEST_CASE("cpu backend passes the backend suite: fp8 e4m3 and e5m2 with scales in every layout") {
+    check_fp8<float8_e4m3>(cpu_backend{}, "cpu");
+    check_fp8<float8_e5m2>(cpu_backend{}, "cpu");
+}
+
 namespace {
 
 // Largest |output - exact| of cpu decode over a paged cache of Element holding

@@ -18,7 +18,8 @@ using namespace kvcache;
 
 TEST_CASE("configuration products enumerate layouts x elements x heads, layouts outermost") {
     static_assert(preset_configurations::size == 36);
-    static_assert(test_configurations::size == 33);
+    static_assert(test_configurations::size == 35);
+    static_assert(dynamic_configurations::size == 75);
     using list = configuration_product_t<type_list<paged_layout>, all_elements, type_list<head_config<4, 2, 8>>>;
     static_assert(std::is_same_v<list, type_list<configuration<paged_layout, float, head_config<4, 2, 8>>,
                                                  configuration<paged_layout, half, head_config<4, 2, 8>>,
@@ -87,6 +88,12 @@ TEST_CASE("dispatch prefers the compiled head counts and falls back to dynamic o
     CHECK(chosen({layout_kind::contiguous, element_kind::bf16, {32, 8, 128}}) ==
           "contiguous/bf16/32q/8kv/d128 running 32q/8kv/d128");
     CHECK(chosen({layout_kind::paged, element_kind::bf16, {16, 2, 64}}) == "paged/bf16/dynamicq/dynamickv/d64 running 16q/2kv/d64");
+    // fp8 caches: every layout and encoding through the dynamic counts, the preset shapes included.
+    CHECK(chosen({layout_kind::paged, element_kind::fp8_e4m3, {32, 8, 128}}) ==
+          "paged/fp8_e4m3/dynamicq/dynamickv/d128 running 32q/8kv/d128");
+    CHECK(chosen({layout_kind::sliding_window, element_kind::fp8_e5m2, {16, 2, 64}}) ==
+          "sliding_window/fp8_e5m2/dynamicq/dynamickv/d64 running 16q/2kv/d64");
+    CHECK_FALSE(compiled_for(default_configurations{}, {layout_kind::paged, element_kind::fp8_e4m3, {32, 8, 128}}));
     CHECK(compiled_for(default_configurations{}, {layout_kind::paged, element_kind::fp16, {28, 4, 128}}));
     CHECK_FALSE(compiled_for(default_configurations{}, {layout_kind::paged, element_kind::fp16, {40, 8, 128}}));
     CHECK(supports(default_configurations{}, {layout_kind::paged, element_kind::fp16, {40, 8, 128}}));

@@ -1,5 +1,5 @@
 // The kernel bodies under the SIMT emulator against the reference: every
-// layout x {fp32, fp16} (bf16 on a subset) x {MHA, GQA group 4, MQA} x {decode, prefill, append}
+// layout x {fp32, fp16} (bf16 and fp8 e4m3 / e5m2 on a subset) x {MHA, GQA group 4, MQA} x {decode, prefill, append}
 // x {short, crossing pages and the window, long enough to split}, under two
 // thread schedules (in order and a seeded shuffle; the shuffle reorders
 // threads between barriers, so a missing barrier changes the answer).
@@ -72,6 +72,13 @@ TEST_CASE("emulated kernels: merge, split counts, empty sequences, cascade atten
 
 TEST_CASE("emulated kernels: bfloat16 caches (one schedule: the kernels are fp16's but for the conversions)") {
     check_bfloat16(emulated_backend{}, "emulated");
+}
+
+TEST_CASE("emulated kernels: fp8 e4m3 caches with scales (one schedule: fp16's kernels but for the conversions)") {
+    check_fp8<float8_e4m3>(emulated_backend{}, "emulated");
+}
+TEST_CASE("emulated kernels: fp8 e5m2 caches with scales") {
+    check_fp8<float8_e5m2>(emulated_backend{}, "emulated");
 }
 
 TEST_CASE("emulated kernels: head counts given at run time (dynamic head_config)") {

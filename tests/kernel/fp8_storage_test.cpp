@@ -1,7 +1,7 @@
 // fp8 K/V storage (e4m3, e5m2) with per-layer scales, in every owner, on
-// the CPU and reference backends: the CPU kernels against the reference on
-// the same (dequantised) cache, both against the reference on the original
-// float rows, the scales' checks, and save/load recording them.
+// the CPU and emulated backends: each backend's kernels against the reference
+// on the same (dequantised) cache, and against the reference on the original
+// float rows; the scales' checks, and save/load recording them.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvcache/backend/cpu.hpp"
+#include "kvcache/backend/emulated.hpp"
 #include "kvcache/backend/reference.hpp"
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
@@ -54,12 +55,13 @@ double largest_difference(const std::vector<float>& a, const std::vector<float>&
 }
 
 /// One owner of fp8 Element next to a float owner of the same layout: the
-/// same float rows appended (the fp8 cache's by the CPU append kernel, so its
-/// narrowing is tested too), then decode and prefill of the fp8 cache on the
-/// CPU backend against (a) the reference on the fp8 cache itself and (b) the
-/// reference on the float cache.
-template <class Element, class Heads, class MakeCache, class MakeFloatCache>
-void check_owner(MakeCache make, MakeFloatCache make_float, kv_scales scales, double format_bound) {
+/// same float rows appended (the fp8 cache's by the backend's append kernel,
+/// so its narrowing is tested too), then decode and prefill of the fp8 cache
+/// on the backend against (a) the reference on the fp8 cache itself and (b)
+/// the reference on the float cache.
+template <class Element, class Heads, class Backend, class MakeCache, class MakeFloatCache>
+void check_owner(const Backend& backend, MakeCache make, MakeFloatCache make_float, kv_scales scales,
+                 double format_bound) {
     constexpr int dim = Heads::head_dim;
     const int kv = Heads{}.kv_heads(), qh = Heads{}.query_heads();
     auto cache = make();
@@ -81,7 +83,7 @@ void check_owner(MakeCache make, MakeFloatCache make_float, kv_scales scales, do
     auto plan = cache.plan(batch, lengths);
     auto float_plan = reference_cache.plan(float_batch, lengths);
     for (int l = 0; l < cache.layers(); ++l) {
-        cpu_backend{}.append(append_params(plan.view(l), span<const float>(keys), span<const float>(values),
+        backend.append(append_params(plan.view(l), span<const float>(keys), span<const float>(values),
                                            plan.new_token_offsets()));
         reference_backend{}.append(append_params(float_plan.view(l), span<const float>(keys),
                                                  span<const float>(values), float_plan.new_token_offsets()));
@@ -98,7 +100,7 @@ void check_owner(MakeCache make, MakeFloatCache make_float, kv_scales scales, do
         std::vector<float> lse(lengths.size() * qh), lse_on_cache(lse.size());
         decode_params p(plan.view(layer), span<const float>(decode_queries), span<float>(out));
         p.lse = lse;
-        cpu_backend{}.decode(p);
+        backend.decode(p);
         decode_params r(plan.view(layer), span<const float>(decode_queries), span<float>(on_cache));
         r.lse = lse_on_cache;
         reference_backend{}.decode(r);
@@ -114,7 +116,7 @@ void check_owner(MakeCache make, MakeFloatCache make_float, kv_scales scales, do
     }
     {  // prefill: every appended token queries the cache
         std::vector<float> out(queries.size()), on_cache(out.size()), on_floats(out.size());
-        cpu_backend{}.prefill(prefill_params(plan.view(layer), span<const float>(queries), plan.new_token_offsets(),
+        backend.prefill(prefill_params(plan.view(layer), span<const float>(queries), plan.new_token_offsets(),
                                              span<float>(out)));
         reference_backend{}.prefill(prefill_params(plan.view(layer), span<const float>(queries),
                                                    plan.new_token_offsets(), span<float>(on_cache)));
@@ -139,13 +141,13 @@ void check_owner(MakeCache make, MakeFloatCache make_float, kv_scales scales, do
 constexpr double e4m3_bound = 2.0 / 16.0;
 constexpr double e5m2_bound = 2.0 / 8.0;
 
-template <class Element, class Heads>
-void check_every_owner(kv_scales scales, double bound) {
+template <class Element, class Heads, class Backend = cpu_backend>
+void check_every_owner(kv_scales scales, double bound, const Backend& backend = {}) {
     using fp8 = owners<Element, Heads>;
     using fp32 = owners<float, Heads>;
-    check_owner<Element, Heads>(fp8::contiguous, fp32::contiguous, scales, bound);
-    check_owner<Element, Heads>(fp8::paged, fp32::paged, scales, bound);
-    check_owner<Element, Heads>(fp8::window, fp32::window, scales, bound);
+    check_owner<Element, Heads>(backend, fp8::contiguous, fp32::contiguous, scales, bound);
+    check_owner<Element, Heads>(backend, fp8::paged, fp32::paged, scales, bound);
+    check_owner<Element, Heads>(backend, fp8::window, fp32::window, scales, bound);
 }
 
 }  // namespace
@@ -159,6 +161,12 @@ TEST_CASE("fp8 e4m3 caches with scales: CPU kernels match the reference on the s
 TEST_CASE("fp8 e5m2 caches with scales: CPU kernels match the reference on the stored rows and stay near the floats") {
     check_every_owner<float8_e5m2, head_config<4, 2, 32>>({0.05f, 0.02f}, e5m2_bound);
     check_every_owner<float8_e5m2, head_config<2, 2, 8>>({2.0f, 0.25f}, e5m2_bound);
+}
+
+TEST_CASE("fp8 caches with scales: the emulated (CUDA) kernels match the reference on the stored rows and stay near the floats") {
+    // The same bounds as the CPU's: the kernels read the same bytes exactly and accumulate in fp32.
+    check_every_owner<float8_e4m3, head_config<4, 2, 32>>({0.05f, 0.04f}, e4m3_bound, emulated_backend{});
+    check_every_owner<float8_e5m2, head_config<2, 2, 8>>({2.0f, 0.25f}, e5m2_bound, emulated_backend{});
 }
 
 TEST_CASE("owner append of float rows into an fp8 cache divides by the layer's scale") {

@@ -88,15 +88,19 @@ template <class... Configurations>
 void check_compiled(type_list<Configurations...>) {
     const auto one = [](auto configuration) {
         using c = decltype(configuration);
-        using factory = typename factory_for<typename c::layout>::type;
+        // fp8 caches get scales far from 1 and run with the activation type they are instantiated for.
+        using element = typename c::element;
+        using plain = typename factory_for<typename c::layout>::type;
+        using factory = std::conditional_t<is_scaled_element_v<element>, scaled_factory<plain>, plain>;
+        using query = default_activation_t<element>;
         using heads = typename c::heads;
         if constexpr (heads::static_counts) {
-            check_attention<factory, typename c::element, heads>(cuda_backend{}, "cuda");
-            check_append<factory, typename c::element, heads>(cuda_backend{}, "cuda");
+            check_attention<factory, element, heads, query>(cuda_backend{}, "cuda");
+            check_append<factory, element, heads, query>(cuda_backend{}, "cuda");
         } else {  // the generic kernels: a GQA group, one over decode_dynamic_rows (several blocks), MHA
             for (const heads counts : {heads(6, 2), heads(9, 1), heads(3, 3)}) {
-                check_attention<factory, typename c::element, heads>(cuda_backend{}, "cuda", counts);
-                check_append<factory, typename c::element, heads>(cuda_backend{}, "cuda", counts);
+                check_attention<factory, element, heads, query>(cuda_backend{}, "cuda", counts);
+                check_append<factory, element, heads, query>(cuda_backend{}, "cuda", counts);
             }
         }
     };

@@ -30,26 +30,43 @@ public:
     virtual void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) = 0;
 };
 
+namespace detail {
+template <class Element>
+void round_scaled(float* data, std::size_t count, float scale) {
+    for (std::size_t i = 0; i < count; ++i) data[i] = to_float_scaled(from_float_scaled<Element>(data[i], scale), scale);
+}
+}  // namespace detail
+
 /// Rounds values through a storage element type, so recomputed K/V see the
-/// same precision as K/V read back from a cache of that type.
-inline void round_through(element_kind kind, float* data, std::size_t count) {
-    if (kind == element_kind::fp16)
-        for (std::size_t i = 0; i < count; ++i) data[i] = to_float(from_float<half>(data[i]));
-    if (kind == element_kind::bf16)
-        for (std::size_t i = 0; i < count; ++i) data[i] = to_float(from_float<bfloat16>(data[i]));
+/// same precision as K/V read back from a cache of that type (fp8: divided by
+/// the layer's scale, rounded and saturated, multiplied back, as the cache
+/// stores and reads them).
+inline void round_through(element_kind kind, float* data, std::size_t count, float scale = 1.0f) {
+    if (kind == element_kind::fp16) detail::round_scaled<half>(data, count, scale);
+    if (kind == element_kind::bf16) detail::round_scaled<bfloat16>(data, count, scale);
+    if (kind == element_kind::fp8_e4m3) detail::round_scaled<float8_e4m3>(data, count, scale);
+    if (kind == element_kind::fp8_e5m2) detail::round_scaled<float8_e5m2>(data, count, scale);
+}
+
+/// The type queries, outputs and new rows travel in to a GPU backend's cache
+/// of this kind: the kind itself, fp16 for fp8 (default_activation_t).
+inline element_kind activation_kind(element_kind kind) noexcept {
+    return is_scaled_kind(kind) ? element_kind::fp16 : kind;
 }
 
 /// Attention without a cache: every call holds the whole sequence from position 0,
 /// causal. A layer the model windows (model_config::layer_window) sees its window and no
 /// sinks; the other layers see what `visibility` allows, the rule a sliding-window cache
 /// of the full layers applies.
-/// With round_queries_outputs, queries and outputs are rounded through the storage
-/// type too, as the CUDA backend takes and gives them in the cache's element type.
+/// With round_queries_outputs, queries and outputs are rounded through the
+/// activation type too (activation_kind), as the CUDA backend takes and gives
+/// them in it, and K/V through it before the storage type. fp8 K/V round with
+/// the model's per-layer cache scales.
 class recompute_attention final : public attention_backend {
 public:
     recompute_attention(const model_config& config, thread_pool& pool, element_kind storage,
                         attention_visibility visibility = {}, bool round_queries_outputs = false)
-        : heads_(config.heads()), layer_window_(config.layer_window), pool_(pool), storage_(storage),
+        : heads_(config.heads()), layer_window_(config.layer_window), cache_scales_(config.cache_scales), pool_(pool), storage_(storage),
           visibility_(visibility), round_queries_outputs_(round_queries_outputs) {}
 
     void begin_tokens(int first_position, int) override {
@@ -64,12 +81,18 @@ public:
         std::size_t kv_count = static_cast<std::size_t>(tokens) * kvh * d;
         keys_.assign(k, k + kv_count);
         values_.assign(v, v + kv_count);
-        round_through(storage_, keys_.data(), kv_count);
-        round_through(storage_, values_.data(), kv_count);
+        const element_kind travel = activation_kind(storage_);
+        if (round_queries_outputs_ && travel != storage_) {
+            round_through(travel, keys_.data(), kv_count);
+            round_through(travel, values_.data(), kv_count);
+        }
+        const kv_scales scales = cache_scales_.empty() ? kv_scales{} : cache_scales_.at(static_cast<std::size_t>(layer));
+        round_through(storage_, keys_.data(), kv_count, scales.key);
+        round_through(storage_, values_.data(), kv_count, scales.value);
         if (round_queries_outputs_) {
             std::size_t q_count = static_cast<std::size_t>(tokens) * qh * d;
             queries_.assign(q, q + q_count);
-            round_through(storage_, queries_.data(), q_count);
+            round_through(travel, queries_.data(), q_count);
             q = queries_.data();
         }
         const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -100,7 +123,7 @@ public:
                 }
                 float* orow = out + (static_cast<std::size_t>(t) * qh + h) * d;
                 for (int i = 0; i < d; ++i) orow[i] = acc[i] / total;
-                if (round_queries_outputs_) round_through(storage_, orow, static_cast<std::size_t>(d));
+                if (round_queries_outputs_) round_through(travel, orow, static_cast<std::size_t>(d));
             }
         });
     }
@@ -108,6 +131,7 @@ public:
 private:
     head_shape heads_;
     std::vector<int> layer_window_;
+    std::vector<kv_scales> cache_scales_;  ///< model_config::cache_scales
     thread_pool& pool_;
     element_kind storage_;
     attention_visibility visibility_;

@@ -386,6 +386,18 @@ public:
         return it->second->read_floats(name, shape);
     }
 
+    /// A one-value tensor (shape [] or [1], as fp8 checkpoints store k_scale and v_scale) as a float.
+    float read_scalar(const std::string& name) const {
+        auto it = owner_.find(name);
+        require(it != owner_.end(), error_code::not_found, "tensor '", name, "' is in none of the checkpoint's files");
+        const auto entry = it->second->header().tensors.find(name);
+        require(entry != it->second->header().tensors.end(), error_code::format_error, it->second->path(), ": tensor '",
+                name, "' is missing (the index says it is here)");
+        require(entry->second.elements() == 1, error_code::format_error, it->second->path(), ": tensor '", name,
+                "' holds ", entry->second.elements(), " values; a per-layer scale holds 1");
+        return it->second->read_floats(name, entry->second.shape)[0];
+    }
+
 private:
     const safetensors_file* open(const std::string& path) {
         auto it = files_.find(path);
@@ -425,6 +437,16 @@ inline model_weights load_checkpoint(const std::string& directory, const checkpo
         layer.w_up = files.read(p + "mlp.up_proj.weight", shape{u(c.intermediate_size), u(c.hidden_size)});
         layer.w_down = files.read(p + "mlp.down_proj.weight", shape{u(c.hidden_size), u(c.intermediate_size)});
         w.layers.push_back(std::move(layer));
+    }
+    // fp8 cache scales, per layer, where the checkpoint ships them (vLLM's self_attn.k_scale and
+    // v_scale); a layer without them keeps 1 and 1. set_scales checks each is positive and finite.
+    for (int l = 0; l < c.num_layers; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+        const bool has_key = files.contains(p + "k_scale"), has_value = files.contains(p + "v_scale");
+        if (!has_key && !has_value) continue;
+        w.config.cache_scales.resize(static_cast<std::size_t>(c.num_layers));
+        if (has_key) w.config.cache_scales[l].key = files.read_scalar(p + "k_scale");
+        if (has_value) w.config.cache_scales[l].value = files.read_scalar(p + "v_scale");
     }
     w.final_norm = files.read("model.norm.weight", shape{u(c.hidden_size)});
     if (!c.tie_word_embeddings) w.lm_head = files.read("lm_head.weight", shape{u(c.vocab_size), u(c.hidden_size)});

@@ -1,7 +1,7 @@
 // The cached attention path of a GPU backend, written once over a device
 // policy: each forward pass is a step plan (its tables uploaded on the
 // device's stream); per layer the new tokens' Q/K/V are converted to the
-// cache's element type and uploaded, the backend object's append and
+// cache's element type (half for an fp8 cache: default_activation_t) and uploaded, the backend object's append and
 // prefill/decode run (append_and_attend, the same steps as the CPU path), and
 // the outputs come back as float. cuda_attention.hpp gives the CUDA policy
 // (device memory, a stream, cuda_backend); emulated_device below runs the same
@@ -28,7 +28,7 @@ namespace kvcache::examples {
 /// @tparam Device the device policy (cuda_stream_device, emulated_device)
 template <class Cache, class Device>
 class device_attention final : public attention_backend {
-    using element = typename Cache::element_type;
+    using element = default_activation_t<typename Cache::element_type>;  // what queries, rows and outputs travel in
     using heads = typename Cache::heads;
     static_assert(Cache::memory::space == Device::space, "the owner's memory must be the device's");
 
@@ -126,7 +126,7 @@ using emulated_kvcache_attention = device_attention<Cache, emulated_device>;
 template <class Heads>
 cached_generation generate_with_kvcache_emulated(llama_model& model, const std::vector<int>& prompt, int new_tokens,
                                                  const cache_options& cache, const generation_options& options = {}) {
-    using configurations = configuration_product_t<all_layouts, all_elements, type_list<Heads>>;
+    using configurations = configuration_product_t<all_layouts, cache_elements, type_list<Heads>>;
     return dispatch(configurations{}, wanted_configuration(model, cache), [&](auto config) {
         return detail::generate_configured<decltype(config), host_memory, emulated_kvcache_attention>(
             config, model, prompt, new_tokens, cache, options);

@@ -178,6 +178,13 @@ auto with_owner(sliding_window_layout, const Heads& heads, const cache_options& 
     return f(owner);
 }
 
+// An fp8 owner takes the model's per-layer scales: owner layer i holds model layer layers[i].
+template <class Owner>
+void set_cache_scales(Owner& owner, const model_config& config, const std::vector<int>& layers) {
+    if constexpr (is_scaled_element_v<typename Owner::element_type>)
+        for (std::size_t i = 0; i < layers.size(); ++i) owner.set_scales(static_cast<int>(i), config.scales_of(layers[i]));
+}
+
 // Memory and Attention let the CUDA path (cuda_attention.hpp) reuse the owner set-up with
 // device-memory owners and its own attention_backend.
 // Layers the model windows always go into a sliding-window owner with the model's window and no
@@ -208,13 +215,16 @@ cached_generation generate_configured(const Configuration& config, llama_model& 
     if (cache.layout == layout_kind::sliding_window || !windowed.empty()) options.prefill_chunk = cache.prefill_chunk;
     if (windowed.empty())
         return with_owner<Element, Heads, Memory>(Layout{}, heads, cache, c.num_layers, total, [&](auto& owner) {
+            set_cache_scales(owner, c, full);
             return generate_in<Attention>(owner, model, prompt, new_tokens, options);
         });
     using window_owner = sliding_window_cache<Element, Heads, Memory>;
     window_owner windows(heads, static_cast<int>(windowed.size()), 1, window, 0, cache.prefill_chunk);
+    set_cache_scales(windows, c, windowed);
     if (full.empty()) return generate_in<Attention>(windows, model, prompt, new_tokens, options);
     return with_owner<Element, Heads, Memory>(Layout{}, heads, cache, static_cast<int>(full.size()), total, [&](auto& owner) {
         using full_owner = std::decay_t<decltype(owner)>;
+        set_cache_scales(owner, c, full);
         cached_generation result;
         {
             Attention<full_owner> full_attention(owner);
@@ -235,18 +245,19 @@ cached_generation generate_configured(const Configuration& config, llama_model& 
 /// The configurations the cached CPU path is compiled for: the flagship's and
 /// the test checkpoints' head shapes at full speed, and through dynamic head
 /// counts every shape of the usual head dimensions (kvcache::dynamic_head_dims,
-/// and 16 and 32 for small test models). Any checkpoint of those dimensions runs.
+/// and 16 and 32 for small test models), fp8 caches included. Any checkpoint
+/// of those dimensions runs.
 using engine_configurations =
     concat_t<configuration_product_t<all_layouts, all_elements, type_list<head_config<8, 2, 32>, head_config<4, 2, 16>>>,
-             configuration_product_t<all_layouts, all_elements,
+             configuration_product_t<all_layouts, cache_elements,
                                      concat_t<type_list<dynamic_heads<16>, dynamic_heads<32>>, dynamic_head_dims>>>;
 
-/// Every layout and element type for one head configuration: the list a
-/// program that runs one known model shape dispatches over (each configuration
-/// instantiates the whole cached path, so short lists compile fast).
+/// Every layout and element type (fp8 included) for one head configuration:
+/// the list a program that runs one known model shape dispatches over (each
+/// configuration instantiates the whole cached path, so short lists compile fast).
 /// @tparam Heads a head_config
 template <class Heads>
-using configurations_for = configuration_product_t<all_layouts, all_elements, type_list<Heads>>;
+using configurations_for = configuration_product_t<all_layouts, cache_elements, type_list<Heads>>;
 
 /// The runtime configuration the cached path asks the dispatcher for.
 inline runtime_configuration wanted_configuration_of(const model_config& config, const cache_options& cache) {

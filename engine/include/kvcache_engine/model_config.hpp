@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/heads.hpp"
 
@@ -50,6 +51,15 @@ struct model_config {
     /// Per layer, how many recent keys (the query's own included) the model attends to; 0: all.
     /// Empty: every layer attends to all. Hugging Face windows only some layers of Qwen2.
     std::vector<int> layer_window;
+
+    /// Per layer, the key and value scales of an fp8 cache (a checkpoint's k_scale and
+    /// v_scale tensors, vLLM's convention). Empty: 1 and 1 in every layer.
+    std::vector<kv_scales> cache_scales;
+
+    /// The fp8 cache scales of one layer (1 and 1 when the checkpoint gives none).
+    kv_scales scales_of(int layer) const noexcept {
+        return cache_scales.empty() ? kv_scales{} : cache_scales[static_cast<std::size_t>(layer)];
+    }
 
     /// The window of one layer (0: full attention).
     int window_of(int layer) const noexcept {

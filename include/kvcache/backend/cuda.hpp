@@ -15,11 +15,14 @@
 #if KVCACHE_HAS_CUDA_RUNTIME
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "kvcache/backend/detail/call_checks.hpp"
 #include "kvcache/backend/detail/launch_sequence.hpp"
 #include "kvcache/backend/operation_params.hpp"
 #include "kvcache/core/cuda_error.hpp"
 #include "kvcache/core/bfloat16.hpp"
+#include "kvcache/core/element.hpp"
 #include "kvcache/core/half.hpp"
 #include "kvcache/core/span.hpp"
 #include "kvcache/kernels/attention_options.hpp"
@@ -31,12 +34,13 @@ namespace detail {
 /// The compiled entry points of one layout view type (element type and heads
 /// included) and query type. Declared here, defined in cuda.cuh, explicitly
 /// instantiated per configuration (kvcache_add_cuda_instantiations compiles
-/// queries of the cache's element type; add `template struct
-/// kvcache::cuda::detail::instantiation<View, float>;` in an nvcc TU for the
-/// other); a configuration missing from the build is a link error naming this struct.
+/// queries of the cache's element type, half for an fp8 cache:
+/// default_activation_t; add `template struct
+/// kvcache::cuda::detail::instantiation<View, float>;` in an nvcc TU for
+/// another); a configuration missing from the build is a link error naming this struct.
 /// @tparam Layout a layout view
 /// @tparam Query float, kvcache::half or kvcache::bfloat16: queries', outputs' and new K/V rows' type
-template <class Layout, class Query = typename Layout::element_type>
+template <class Layout, class Query = default_activation_t<std::remove_const_t<typename Layout::element_type>>>
 struct instantiation {
     static void append(const Layout& view, const Query* keys, const Query* values, const int* new_token_offsets,
                        const int* positions, cudaStream_t stream);

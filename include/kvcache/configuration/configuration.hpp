@@ -42,7 +42,7 @@ using sliding_window_layout = layout_family<sliding_window_view>;  ///< the slid
 /// empty for compiled counts, the runtime values the dispatcher matched for
 /// a dynamic head configuration (read them with head_counts()).
 /// @tparam Layout a layout_family
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3 or kvcache::float8_e5m2
 /// @tparam Heads a head_config (counts compiled or kvcache::dynamic)
 template <class Layout, class Element, class Heads>
 struct configuration {
@@ -173,8 +173,14 @@ using configuration_product_t = typename detail::product<Layouts, Elements, Head
 /// All three layout families.
 using all_layouts = type_list<contiguous_layout, paged_layout, sliding_window_layout>;
 
-/// Every storage element type.
+/// The 16- and 32-bit storage element types (those activations come in too).
 using all_elements = type_list<float, half, bfloat16>;
+
+/// The fp8 storage element types (stored with per-layer kv_scales).
+using fp8_elements = type_list<float8_e4m3, float8_e5m2>;
+
+/// Every storage element type: all_elements and fp8_elements.
+using cache_elements = type_list<float, half, bfloat16, float8_e4m3, float8_e5m2>;
 
 /// Dynamic head counts for the head dimensions public checkpoints use
 /// (64: GPT-2, TinyLlama; 80: Phi-2; 96: Phi-3; 128: Llama, Mistral, Qwen;

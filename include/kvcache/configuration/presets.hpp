@@ -91,10 +91,10 @@ using preset_heads = type_list<llama3_8b::heads, llama2_7b::heads, qwen2_5_7b::h
 /// Every layout x element type x preset head configuration (36 configurations).
 using preset_configurations = configuration_product_t<all_layouts, all_elements, presets::preset_heads>;
 
-/// Dynamic head counts in every layout and element type for the usual head
-/// dimensions (dynamic_head_dims): 45 configurations that run any model of
-/// those dimensions, through a generic instantiation per dimension.
-using dynamic_configurations = configuration_product_t<all_layouts, all_elements, dynamic_head_dims>;
+/// Dynamic head counts in every layout and element type, fp8 included, for
+/// the usual head dimensions (dynamic_head_dims): 75 configurations that run
+/// any model of those dimensions, through a generic instantiation per dimension.
+using dynamic_configurations = configuration_product_t<all_layouts, cache_elements, dynamic_head_dims>;
 
 /// The presets compiled for their head counts, and every other shape of the
 /// usual head dimensions through dynamic_configurations: what an engine that
@@ -104,13 +104,16 @@ using default_configurations = concat_t<preset_configurations, dynamic_configura
 /// The small list kvcache's own tests compile for the GPU: MHA, GQA group 4
 /// (the test model), MQA, group 5 with head dim 56, and dynamic counts of head
 /// dim 32 (the generic kernels), in every layout for fp32 and fp16; bfloat16,
-/// which differs from fp16 only in its conversions, on one shape per layout.
+/// which differs from fp16 only in its conversions, on one shape per layout;
+/// fp8, which differs in its conversions and scales, on one shape per encoding.
 using test_configurations = concat_t<
     configuration_product_t<all_layouts, type_list<float, half>,
                             type_list<head_config<4, 4, 32>, presets::test_model::heads, head_config<4, 1, 32>,
                                       head_config<5, 1, 56>, dynamic_heads<32>>>,
     type_list<configuration<contiguous_layout, bfloat16, dynamic_heads<32>>,
               configuration<paged_layout, bfloat16, presets::test_model::heads>,
-              configuration<sliding_window_layout, bfloat16, head_config<4, 1, 32>>>>;
+              configuration<sliding_window_layout, bfloat16, head_config<4, 1, 32>>,
+              configuration<paged_layout, float8_e4m3, presets::test_model::heads>,
+              configuration<sliding_window_layout, float8_e5m2, dynamic_heads<32>>>>;
 
 }  // namespace kvcache

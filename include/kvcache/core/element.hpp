@@ -85,6 +85,25 @@ inline constexpr bool is_activation_element_v =
 template <class Element>
 inline constexpr bool is_scaled_element_v = std::is_same_v<Element, float8_e4m3> || std::is_same_v<Element, float8_e5m2>;
 
+/// The activation type (queries, outputs, new rows) that goes with a stored
+/// element type where one must be chosen (the CUDA instantiations): the type
+/// itself for float, half and bfloat16; half for fp8, whose caches sit under
+/// 16-bit activations.
+/// @tparam Element a stored element type
+template <class Element>
+struct default_activation {
+    using type = Element;
+};
+/// @tparam Encoding detail::e4m3_encoding or detail::e5m2_encoding
+template <class Encoding>
+struct default_activation<detail::fp8<Encoding>> {
+    using type = half;
+};
+/// default_activation's type.
+/// @tparam Element a stored element type
+template <class Element>
+using default_activation_t = typename default_activation<Element>::type;
+
 /// True for the element types kvcache stores: the activation types and fp8.
 /// @tparam Element candidate element type
 template <class Element>

@@ -129,7 +129,15 @@ struct fp8 {
 
     /// Exact widening conversion.
     KVCACHE_HOST_DEVICE explicit operator float() const noexcept {
+#if KVCACHE_DEVICE_PASS
+        // Through binary16, which holds every fp8 value: one cvt instruction on
+        // sm_89 and later, CUDA's integer sequence before (sm_80 has no fp8 cvt).
+        const __half_raw wide = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(bits),
+                                                        Encoding::has_infinity ? __NV_E5M2 : __NV_E4M3);
+        return __half2float(__half(wide));
+#else
         return bits_to_float(float8_bits_to_float_bits<Encoding>(bits));
+#endif
     }
 
     /// Builds a value from its raw encoding.

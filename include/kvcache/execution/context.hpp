@@ -40,6 +40,8 @@
 //   std::size_t shared_bytes() const;           the dynamic shared memory size given at launch
 //   vector16 load16(const void* address);       16-byte load; address 16-byte aligned
 //   void store16(void* address, const vector16&); 16-byte store; address 16-byte aligned
+//   vector8 load8(const void* address);         8-byte load (8 fp8 elements); address 8-byte aligned
+//   void store8(void* address, const vector8&); 8-byte store; address 8-byte aligned
 //
 // Every warp-level member is a full-warp collective: all 32 lanes must reach
 // it together (the emulator reports a lane that does not).

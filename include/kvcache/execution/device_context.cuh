@@ -108,6 +108,13 @@ public:
     __device__ void store16(void* address, const vector16& v) const {
         *static_cast<uint4*>(address) = make_uint4(v.words[0], v.words[1], v.words[2], v.words[3]);
     }
+    __device__ vector8 load8(const void* address) const {
+        const uint2 raw = *static_cast<const uint2*>(address);
+        return vector8{{raw.x, raw.y}};
+    }
+    __device__ void store8(void* address, const vector8& v) const {
+        *static_cast<uint2*>(address) = make_uint2(v.words[0], v.words[1]);
+    }
 
 private:
     using warp_reduce = cub::WarpReduce<float>;

@@ -123,15 +123,19 @@ public:
 
     /// 16-byte load; reports a misaligned or null address.
     KVCACHE_HOST_DEVICE vector16 load16(const void* address) const {
-        KVCACHE_EMULATOR_DO(check16(address, "load16"))
-        vector16 v;
-        std::memcpy(&v, address, sizeof v);
-        return v;
+        KVCACHE_EMULATOR_RETURN(load<vector16>(address, "load16"))
     }
     /// 16-byte store; reports a misaligned or null address.
     KVCACHE_HOST_DEVICE void store16(void* address, const vector16& v) const {
-        KVCACHE_EMULATOR_DO(check16(address, "store16"))
-        std::memcpy(address, &v, sizeof v);
+        KVCACHE_EMULATOR_DO(store(address, v, "store16"))
+    }
+    /// 8-byte load (8 fp8 elements); reports a misaligned or null address.
+    KVCACHE_HOST_DEVICE vector8 load8(const void* address) const {
+        KVCACHE_EMULATOR_RETURN(load<vector8>(address, "load8"))
+    }
+    /// 8-byte store; reports a misaligned or null address.
+    KVCACHE_HOST_DEVICE void store8(void* address, const vector8& v) const {
+        KVCACHE_EMULATOR_DO(store(address, v, "store8"))
     }
 
 private:
@@ -155,12 +159,26 @@ private:
         return detail::bit_copy<T>(static_cast<bits_type>(result));
     }
 
-    void check16(const void* address, const char* what) const {
+    // A vector access of sizeof(Vector) bytes, which must be its alignment too.
+    template <class Vector>
+    Vector load(const void* address, const char* what) const {
+        check_aligned(address, sizeof(Vector), what);
+        Vector v;
+        std::memcpy(&v, address, sizeof v);
+        return v;
+    }
+    template <class Vector>
+    void store(void* address, const Vector& v, const char* what) const {
+        check_aligned(address, sizeof(Vector), what);
+        std::memcpy(address, &v, sizeof v);
+    }
+
+    void check_aligned(const void* address, std::uintptr_t bytes, const char* what) const {
         const auto at = reinterpret_cast<std::uintptr_t>(address);
         if (address == nullptr) runner_->fault(thread_, what, " of a null address");
-        if (at % 16 != 0)
-            runner_->fault(thread_, what, " at address 0x", std::hex, at, std::dec, " is not 16-byte aligned (off by ",
-                           at % 16, ")");
+        if (at % bytes != 0)
+            runner_->fault(thread_, what, " at address 0x", std::hex, at, std::dec, " is not ", bytes,
+                           "-byte aligned (off by ", at % bytes, ")");
     }
 
     detail::block_runner* runner_;

@@ -1,4 +1,5 @@
-// The 16-byte unit of vectorised loads and stores, and its float / 16-bit lanes.
+// The 16-byte unit of vectorised loads and stores, and its float / 16-bit
+// lanes; the 8-byte unit that moves 8 one-byte (fp8) elements.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,24 @@ namespace kvcache {
 struct alignas(16) vector16 {
     std::uint32_t words[4];  ///< the raw bytes as four little-endian words
 };
+
+/// Eight bytes moved by one load8 / store8 (a uint2 on the GPU): 8 one-byte
+/// elements, lane order memory order.
+struct alignas(8) vector8 {
+    std::uint32_t words[2];  ///< the raw bytes as two little-endian words
+};
+
+/// Byte lane i (0..7) of v.
+KVCACHE_HOST_DEVICE inline std::uint8_t vector8_byte(const vector8& v, int i) noexcept {
+    return static_cast<std::uint8_t>(v.words[i >> 2] >> (8 * (i & 3)));
+}
+
+/// Sets byte lane i (0..7) of v.
+KVCACHE_HOST_DEVICE inline void set_byte(vector8& v, int i, std::uint8_t bits) noexcept {
+    const unsigned shift = 8u * static_cast<unsigned>(i & 3);
+    std::uint32_t& word = v.words[i >> 2];
+    word = (word & ~(0xffu << shift)) | (static_cast<std::uint32_t>(bits) << shift);
+}
 
 /// Float lane i (0..3) of v.
 KVCACHE_HOST_DEVICE inline float vector16_float(const vector16& v, int i) noexcept {

@@ -1,14 +1,18 @@
 // Append body: writes each sequence's new tokens (its last n_b positions, or
 // the positions the caller gives; space already reserved by the owner) into the layout, 8 elements per
-// access, converting between the input and the storage element type.
+// access, converting between the input and the storage element type (into fp8:
+// divided by the layer's scale, then rounded to nearest even and saturated, as
+// the host backends write it).
 #pragma once
 
 #include <cstddef>
 
 #include "kvcache/core/config.hpp"
+#include "kvcache/core/element.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
 #include "kvcache/kernels/new_tokens.hpp"
+#include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache {
 
@@ -35,6 +39,7 @@ struct append_kernel {
         const int first = p.positions ? 0 : detail::first_present_new_token(p.view, sequence, tokens);
         const int items = (tokens - first) * chunks;
         const int stride = ctx.grid_size().x * block_threads;
+        const kv_scales scales = scales_of(p.view);
         for (int i = ctx.block_index().x * block_threads + ctx.thread_index(); i < items; i += stride) {
             const int t = first + i / chunks, c = (i % chunks) * 8;
             const int row = p.new_token_offsets[sequence] + t;
@@ -44,10 +49,20 @@ struct append_kernel {
                 (std::size_t(row) * p.view.kv_heads() + kv) * heads::head_dim + c;
             float x[8];
             detail::load8(ctx, p.keys + source, x);
-            detail::store8(ctx, p.view.key(sequence, kv, position) + c, x);
+            store_scaled(ctx, p.view.key(sequence, kv, position) + c, x, scales.key);
             detail::load8(ctx, p.values + source, x);
-            detail::store8(ctx, p.view.value(sequence, kv, position) + c, x);
+            store_scaled(ctx, p.view.value(sequence, kv, position) + c, x, scales.value);
         }
+    }
+
+private:
+    // A division, not a multiply by the reciprocal: the stored byte is then
+    // the one from_float_scaled gives, so every backend writes the same cache.
+    template <class Context>
+    KVCACHE_HOST_DEVICE static void store_scaled(Context& ctx, element* p, float (&x)[8], float scale) {
+        if constexpr (is_scaled_element_v<element>)
+            for (int j = 0; j < 8; ++j) x[j] = x[j] / scale;
+        detail::store8(ctx, p, x);
     }
 };
 

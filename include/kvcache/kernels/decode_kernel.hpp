@@ -88,10 +88,11 @@ struct decode_kernel {
         const std::size_t first_row =
             std::size_t(sequence) * p.view.query_heads() + std::size_t(kv) * group_size + first_head;
         const Query* query = p.queries + first_row * dim;
+        const float query_scale = detail::folded_query_scale(p.view, p.scale);
         for (int i = thread; i < group * dim / 8; i += block_threads) {
             float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (compiled_group || i < rows * (dim / 8)) detail::load8(ctx, query + i * 8, x);
-            for (int j = 0; j < 8; ++j) queries[i * 8 + j] = x[j] * p.scale;
+            for (int j = 0; j < 8; ++j) queries[i * 8 + j] = x[j] * query_scale;
         }
         float accumulators[per_thread];
         tile_step::reset(ctx, stats, accumulators);
@@ -110,10 +111,11 @@ struct decode_kernel {
         }
 
         tile_step::normalise(ctx, queries, stats, accumulators);  // then write rows whole
+        const float value_scale = detail::output_scale(p.view);
         for (int i = thread; i < rows * (dim / 8); i += block_threads) {
             const int g = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8];
-            for (int j = 0; j < 8; ++j) x[j] = queries[g * dim + c + j];
+            for (int j = 0; j < 8; ++j) x[j] = queries[g * dim + c + j] * value_scale;
             if (p.splits == 1)
                 detail::store8(ctx, p.outputs + (first_row + g) * dim + c, x);
             else

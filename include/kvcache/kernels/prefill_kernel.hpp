@@ -111,12 +111,13 @@ private:
         }
         // Rows of one token are the group's heads, contiguous in the input.
         const std::size_t query_heads = std::size_t(p.view.query_heads()), kv_first_head = std::size_t(kv) * group_size;
+        const float query_scale = detail::folded_query_scale(p.view, p.scale);
         for (int i = thread; i < rows * (dim / 8); i += block_threads) {
             const int r = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (r < count)
                 detail::load8(ctx, p.queries + ((first_token + token_of(r)) * query_heads + kv_first_head + head_of(r)) * dim + c, x);
-            for (int j = 0; j < 8; ++j) queries[r * dim + c + j] = x[j] * p.scale;
+            for (int j = 0; j < 8; ++j) queries[r * dim + c + j] = x[j] * query_scale;
         }
         float accumulators[per_thread];
         tile_step::reset(ctx, stats, accumulators);
@@ -140,10 +141,11 @@ private:
         }
 
         tile_step::normalise(ctx, queries, stats, accumulators);
+        const float value_scale = detail::output_scale(p.view);
         for (int i = thread; i < count * (dim / 8); i += block_threads) {
             const int r = i / (dim / 8), c = (i % (dim / 8)) * 8;
             float x[8];
-            for (int j = 0; j < 8; ++j) x[j] = queries[r * dim + c + j];
+            for (int j = 0; j < 8; ++j) x[j] = queries[r * dim + c + j] * value_scale;
             detail::store8(ctx, p.outputs + ((first_token + token_of(r)) * query_heads + kv_first_head + head_of(r)) * dim + c, x);
         }
         for (int r = thread; r < count; r += block_threads) {

@@ -312,6 +312,29 @@ void check_bfloat16(const Backend& backend, const std::string& name) {
     for (int i = 0; i < rows * dim; ++i) CHECK(std::fabs(to_float(narrow[i]) - expected[i]) <= output_tolerance<bfloat16>());
 }
 
+/// fp8 caches of one encoding with scales (scaled_factory): decode and prefill
+/// in every layout (MHA, GQA, MQA, dynamic counts; float and half queries),
+/// append from float and half rows in every layout, bit for bit against the
+/// reference's append. Outputs are held to the queries' type's tolerance: the
+/// stored bytes widen exactly, so the only error beyond fp32 attention is one
+/// fp32 rounding of the folded key scale and one of the value scale.
+/// @tparam Element float8_e4m3 or float8_e5m2
+/// @tparam Backend a backend object
+template <class Element, class Backend>
+void check_fp8(const Backend& backend, const std::string& name) {
+    using namespace kvcache;
+    check_attention<scaled_factory<scatter_factory>, Element, suite_gqa, float>(backend, name);
+    check_attention<scaled_factory<contiguous_factory>, Element, suite_mqa, half>(backend, name);
+    check_attention<scaled_factory<paged_factory>, Element, suite_gqa, float>(backend, name);
+    check_attention<scaled_factory<sliding_window_factory>, Element, suite_mha, float>(backend, name);
+    check_attention<scaled_factory<paged_factory>, Element, dynamic_heads<32>, bfloat16>(backend, name,
+                                                                                         dynamic_heads<32>{9, 1});
+    check_append<scaled_factory<scatter_factory>, Element, suite_gqa, float>(backend, name);
+    check_append<scaled_factory<contiguous_factory>, Element, suite_mqa, half>(backend, name);
+    check_append<scaled_factory<paged_factory>, Element, suite_gqa, float>(backend, name);
+    check_append<scaled_factory<sliding_window_factory>, Element, head_config<5, 1, 56>, float>(backend, name);
+}
+
 /// Everything above, for a backend fast enough to run the whole matrix.
 /// @tparam Backend a backend object
 template <class Backend>
@@ -333,6 +356,8 @@ void run_backend_suite(const Backend& backend, const std::string& name) {
     check_cascade<half>(backend, name);
     check_window_mask(backend, name);
     check_bfloat16(backend, name);
+    check_fp8<float8_e4m3>(backend, name);
+    check_fp8<float8_e5m2>(backend, name);
 }
 
 }  // namespace kvcache_test

@@ -7,6 +7,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "attention_harness.hpp"
@@ -140,6 +141,32 @@ struct sliding_window_factory_in {
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;
+    }
+};
+
+/// A factory whose views carry scales (fp8 caches): Factory's storage, each
+/// view given key and value scales far from 1 and from each other, so a
+/// backend that drops or swaps one is off by that factor. A layout without a
+/// scales member (the scatter test layout) reads with 1 and 1.
+/// @tparam Factory a layout factory
+template <class Factory>
+struct scaled_factory {
+    static constexpr const char* name = Factory::name;
+    static constexpr kvcache::kv_scales scales{0.0625f, 0.25f};
+    template <class T>
+    using buffer = typename Factory::template buffer<T>;
+    template <class Element, class Heads>
+    struct owner {
+        decltype(Factory::template make<Element, Heads>(std::declval<const context_case&>(), 0u)) storage;
+        auto view() {
+            auto v = storage->view();
+            if constexpr (kvcache::detail::has_scales<decltype(v)>::value) v.scales = scales;
+            return v;
+        }
+    };
+    template <class Element, class Heads>
+    static std::unique_ptr<owner<Element, Heads>> make(const context_case& c, unsigned seed, const Heads& heads = Heads{}) {
+        return std::make_unique<owner<Element, Heads>>(owner<Element, Heads>{Factory::template make<Element, Heads>(c, seed, heads)});
     }
 };
 

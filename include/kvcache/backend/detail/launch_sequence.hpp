@@ -8,10 +8,8 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <type_traits>
 
 #include "kvcache/backend/detail/call_checks.hpp"
-#include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/execution/index3.hpp"
 #include "kvcache/kernels/append_kernel.hpp"
@@ -45,17 +43,6 @@ inline std::size_t decode_workspace_floats(std::size_t rows, int splits, int hea
     return rows * std::size_t(splits) * std::size_t(head_dim + 1);
 }
 
-/// The kernels' tile loads widen 16-bit and float rows only so far: an fp8
-/// view fails here, at compile time, rather than reading bytes as halves.
-/// @tparam Layout a layout view
-template <class Layout>
-inline constexpr bool kernels_read_v = !is_scaled_element_v<std::remove_const_t<typename Layout::element_type>>;
-template <class Layout>
-constexpr void require_kernels_read() noexcept {
-    static_assert(kernels_read_v<Layout>, "kvcache: the emulated and CUDA backends do not read fp8 caches yet "
-                                          "(the CPU and reference backends do)");
-}
-
 inline void check_batch(int batch) {
     require(batch >= 0 && batch <= 65535, error_code::invalid_argument, "batch of ", batch,
             " sequences exceeds the grid limit of 65535");
@@ -64,7 +51,6 @@ inline void check_batch(int batch) {
 template <class Launcher, class Layout, class Input>
 void run_append(Launcher& launcher, const Layout& view, const Input* keys, const Input* values, const int* offsets,
                 const int* positions) {
-    require_kernels_read<Layout>();
     const int batch = view.sequence_count();
     check_batch(batch);
     if (batch == 0) return;
@@ -82,7 +68,6 @@ void run_merge(Launcher& launcher, const merge_kernel_params<State, Output>& par
 template <class Launcher, class Layout, class Query>
 void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Query* outputs, float* lse,
                 const attention_options& options) {
-    require_kernels_read<Layout>();
     using heads = typename Layout::heads;
     using body = decode_kernel<Layout, Query>;
     const int batch = view.sequence_count();
@@ -111,7 +96,6 @@ void run_decode(Launcher& launcher, const Layout& view, const Query* queries, Qu
 template <class Launcher, class Layout, class Query>
 void run_prefill(Launcher& launcher, const Layout& view, const Query* queries, const int* query_offsets,
                  const int* query_positions, Query* outputs, float* lse, const attention_options& options) {
-    require_kernels_read<Layout>();
     using heads = typename Layout::heads;
     using body = prefill_kernel<Layout, Query>;
     const int batch = view.sequence_count();

@@ -22,6 +22,23 @@ struct single_query_position {
     KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE int operator[](int) const noexcept { return position; }
 };
 
+/// What the queries are multiplied by: the softmax scale, times an fp8 cache's
+/// key scale (every logit is linear in the keys), so the tile loads stay the
+/// plain fp8 widenings.
+/// @tparam Layout a layout view
+template <class Layout>
+KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE float folded_query_scale(const Layout& view, float softmax_scale) {
+    return softmax_scale * scales_of(view).key;
+}
+
+/// What the outputs (and split partial outputs, which the merge averages
+/// linearly) are multiplied by: an fp8 cache's value scale; 1 otherwise.
+/// @tparam Layout a layout view
+template <class Layout>
+KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE float output_scale(const Layout& view) {
+    return scales_of(view).value;
+}
+
 /// Shared-memory offsets and the per-tile steps of the attention bodies.
 /// @tparam Rows query rows a block holds (tokens x Group)
 /// @tparam Group query heads per KV head (the rows of one token)

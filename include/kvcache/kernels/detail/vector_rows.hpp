@@ -1,7 +1,9 @@
-// Eight elements of a row at a time through the context's 16-byte accesses:
-// one load16 of 8 16-bit elements, or two of 4 floats. Rows start at multiples of
-// head_dim (a multiple of 8) elements, so these addresses are 16-byte aligned
-// whenever the row's base pointer is.
+// Eight elements of a row at a time through the context's vector accesses:
+// one load16 of 8 16-bit elements, two of 4 floats, or one load8 of 8 fp8
+// elements. Rows start at multiples of head_dim (a multiple of 8) elements, so
+// these addresses are 16-byte aligned (8-byte for fp8) whenever the row's base
+// pointer is. fp8 is widened and narrowed unscaled: the bodies apply a layer's
+// scales where they cost one multiply per row or per output, not per element.
 #pragma once
 
 #include "kvcache/core/config.hpp"
@@ -19,12 +21,15 @@
 namespace kvcache {
 namespace detail {
 
-/// Reads 8 elements from p (16-byte aligned) widened to float.
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// Reads 8 elements from p (16-byte aligned; 8-byte for fp8) widened to float.
+/// @tparam Element float, kvcache::half, kvcache::bfloat16 or an fp8 type
 /// @tparam Context an execution context
 template <class Element, class Context>
 KVCACHE_HOST_DEVICE inline void load8(Context& ctx, const Element* p, float (&out)[8]) {
-    if constexpr (sizeof(Element) == 2) {
+    if constexpr (sizeof(Element) == 1) {
+        const vector8 v = ctx.load8(p);
+        for (int i = 0; i < 8; ++i) out[i] = to_float(Element::from_bits(vector8_byte(v, i)));
+    } else if constexpr (sizeof(Element) == 2) {
         const vector16 v = ctx.load16(p);
         for (int i = 0; i < 8; ++i) out[i] = to_float(vector16_get<Element>(v, i));
     } else {
@@ -37,12 +42,17 @@ KVCACHE_HOST_DEVICE inline void load8(Context& ctx, const Element* p, float (&ou
     }
 }
 
-/// Writes 8 floats to p (16-byte aligned), narrowed to Element.
-/// @tparam Element float, kvcache::half or kvcache::bfloat16
+/// Writes 8 floats to p (16-byte aligned; 8-byte for fp8), narrowed to Element
+/// (fp8: rounded to nearest even, saturating).
+/// @tparam Element float, kvcache::half, kvcache::bfloat16 or an fp8 type
 /// @tparam Context an execution context
 template <class Element, class Context>
 KVCACHE_HOST_DEVICE inline void store8(Context& ctx, Element* p, const float (&in)[8]) {
-    if constexpr (sizeof(Element) == 2) {
+    if constexpr (sizeof(Element) == 1) {
+        vector8 v{};
+        for (int i = 0; i < 8; ++i) set_byte(v, i, from_float<Element>(in[i]).bits);
+        ctx.store8(p, v);
+    } else if constexpr (sizeof(Element) == 2) {
         vector16 v{};
         for (int i = 0; i < 8; ++i) vector16_set(v, i, from_float<Element>(in[i]));
         ctx.store16(p, v);

@@ -117,6 +117,7 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         kvcache::detail::check_call_decode(p);
+        kvcache::detail::require_no_scores(p, "cuda");
         cuda::detail::instantiation<Layout, Query>::decode(kvcache::detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(),
                                                            p.lse.empty() ? nullptr : p.lse.data(), p.options,
                                                            workspace_, stream_);
@@ -128,6 +129,7 @@ public:
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         kvcache::detail::check_call_prefill(p, false);
+        kvcache::detail::require_no_scores(p, "cuda");
         cuda::detail::instantiation<Layout, Query>::prefill(
             kvcache::detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),

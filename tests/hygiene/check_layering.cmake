@@ -1,8 +1,9 @@
 # Fails when a header includes a header of a higher layer. The order is the
 # one in docs/architecture.md: core < execution, layout < configuration, cache,
-# kernels < backend. (execution and layout are independent of each other;
-# configuration sees only layouts; cache may not see execution or kernels;
-# kernels may not see cache.)
+# kernels < backend < policy. (execution and layout are independent of each
+# other; configuration sees only layouts; cache may not see execution or
+# kernels; kernels may not see cache; policy, on top, needs only core and
+# layouts: it ranks rows from scores and reads key rows through a view.)
 # Past the layers: the library never includes the model engine (engine/) or
 # the examples, and the engine includes only the library and itself.
 # Input: INCLUDE_DIR (the include/ folder), ENGINE_DIR (engine/, optional).
@@ -14,16 +15,17 @@ set(allowed_configuration core layout configuration)
 set(allowed_cache core layout cache)
 set(allowed_kernels core execution layout kernels)
 set(allowed_backend core execution layout configuration cache kernels backend)
+set(allowed_policy core layout policy)
 
 set(violations "")
-foreach(layer core execution layout configuration cache kernels backend)
+foreach(layer core execution layout configuration cache kernels backend policy)
     file(GLOB_RECURSE headers ${INCLUDE_DIR}/kvcache/${layer}/*.hpp ${INCLUDE_DIR}/kvcache/${layer}/*.cuh)
     foreach(header IN LISTS headers)
         file(STRINGS ${header} lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]kvcache/")
         foreach(line IN LISTS lines)
             string(REGEX MATCH "kvcache/([a-z_]+)" _ "${line}")
             set(target ${CMAKE_MATCH_1})
-            if(target MATCHES "^(core|execution|layout|configuration|cache|kernels|backend)$" AND NOT target IN_LIST allowed_${layer})
+            if(target MATCHES "^(core|execution|layout|configuration|cache|kernels|backend|policy)$" AND NOT target IN_LIST allowed_${layer})
                 file(RELATIVE_PATH rel ${INCLUDE_DIR} ${header})
                 string(APPEND violations "  ${rel} (layer ${layer}) includes ${line}\n")
             endif()

@@ -58,10 +58,9 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
-        detail::require_no_scores(p, "emulated");
         emulated::detail::emulated_launcher launcher{options_};
         detail::run_decode(launcher, detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
-                           p.options);
+                           p.options, detail::score_request_of(p.scores, p.score_stride));
     }
 
     /// Prefill attention with the prefill kernel (see prefill_params).
@@ -70,11 +69,11 @@ public:
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
-        detail::require_no_scores(p, "emulated");
         emulated::detail::emulated_launcher launcher{options_};
         detail::run_prefill(launcher, detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
                             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
-                            p.lse.empty() ? nullptr : p.lse.data(), p.options);
+                            p.lse.empty() ? nullptr : p.lse.data(), p.options, detail::score_request_of(p.scores, p.score_stride, p.score_queries),
+                            p.queries.size() / Layout::heads::head_dim);
     }
 
     /// Merges partial states with the merge kernel (see merge_params).

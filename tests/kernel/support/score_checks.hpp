@@ -65,9 +65,10 @@ void compare_scores(const View& view, const Scores& actual, int stride, const re
     }
 }
 
-/// Decode (with the case's splits and with 4) and prefill (at the last and
-/// at explicit positions, every query or the last 5 contributing) of a
-/// backend, asking for scores, against the reference.
+/// Decode (with the case's splits and with 4; with and without lse) and
+/// prefill (at the last and at explicit positions, every query or the last 5
+/// contributing) of a backend, asking for scores, against the reference. Every
+/// buffer is the factory's (memory the backend reads).
 /// @tparam Factory a layout factory (layout_factories.hpp)
 /// @tparam Element the cache's element type
 /// @tparam Heads a head_config
@@ -91,50 +92,60 @@ void check_scores(const Backend& backend, const std::string& backend_name, const
         const std::size_t score_count = std::size_t(batch) * counts.kv_heads() * stride;
         {
             const std::size_t rows = std::size_t(batch) * counts.query_heads();
-            const auto queries = random_rows<Query>(rows * dim, 3.0f, seed++);
-            std::vector<Query> outputs(rows * dim);
-            std::vector<float> lse(rows);
+            const auto queries = buffer_of<Factory::template buffer>(random_rows<Query>(rows * dim, 3.0f, seed++));
             std::vector<int> offsets;
             for (int b = 0; b <= batch; ++b) offsets.push_back(b);
-            for (const int splits : {c.options.kv_splits, 4}) {
-                std::vector<float> scores(score_count, 99.0f);
-                decode_params call(view, queries, outputs);
-                call.lse = lse;
-                call.scores = scores;
-                call.score_stride = stride;
-                call.options = c.options;
-                call.options.kv_splits = splits;
-                backend.decode(call);
-                const auto expected = reference.decode_exact(call);
-                const std::string step = what + ", decode, kv_splits " + std::to_string(splits);
-                compare(outputs, lse, expected, step);
-                compare_scores(view, scores, stride, expected, offsets, 0, step);
-            }
+            for (const int splits : {c.options.kv_splits, 4})
+                for (const bool with_lse : {true, false}) {
+                    auto outputs = filled<Factory::template buffer>(rows * dim, from_float<Query>(99.0f));
+                    auto lse = filled<Factory::template buffer>(rows, 99.0f);
+                    auto scores = filled<Factory::template buffer>(score_count, 99.0f);
+                    decode_params call(view, first(queries, rows * dim), first(outputs, rows * dim));
+                    if (with_lse) call.lse = first(lse, rows);
+                    call.scores = first(scores, score_count);
+                    call.score_stride = stride;
+                    call.options = c.options;
+                    call.options.kv_splits = splits;
+                    backend.decode(call);
+                    backend.synchronize();
+                    const auto expected = reference.decode_exact(call);
+                    const std::string step = what + ", decode, kv_splits " + std::to_string(splits) +
+                                             (with_lse ? "" : ", no lse");
+                    compare(call.outputs, call.lse, expected, step);
+                    compare_scores(view, call.scores, stride, expected, offsets, 0, step);
+                }
         }
-        std::vector<int> offsets(1, 0);
-        for (int b = 0; b < batch; ++b) offsets.push_back(offsets.back() + c.chunk[b]);
-        const std::size_t rows = std::size_t(offsets.back()) * counts.query_heads();
-        const auto queries = random_rows<Query>(rows * dim, 3.0f, seed++);
-        const auto positions = scattered_positions(offsets, c.lengths, seed++);
+        std::vector<int> host_offsets(1, 0);
+        for (int b = 0; b < batch; ++b) host_offsets.push_back(host_offsets.back() + c.chunk[b]);
+        const auto offsets = buffer_of<Factory::template buffer>(host_offsets);
+        const std::size_t rows = std::size_t(host_offsets.back()) * counts.query_heads();
+        const auto queries = buffer_of<Factory::template buffer>(random_rows<Query>(rows * dim, 3.0f, seed++));
+        const auto positions =
+            buffer_of<Factory::template buffer>(scattered_positions(host_offsets, c.lengths, seed++));
         for (const bool explicit_positions : {false, true})
             for (const int score_queries : {0, 5}) {
-                std::vector<Query> outputs(rows * dim);
-                std::vector<float> lse(rows), scores(score_count, 99.0f);
-                prefill_params call(view, queries, offsets, outputs);
-                call.lse = lse;
-                if (explicit_positions) call.query_positions = positions;
-                call.scores = scores;
+                auto outputs = filled<Factory::template buffer>(rows * dim, from_float<Query>(99.0f));
+                auto lse = filled<Factory::template buffer>(rows, 99.0f);
+                auto scores = filled<Factory::template buffer>(score_count, 99.0f);
+                prefill_params call(view, first(queries, rows * dim), first(offsets, host_offsets.size()),
+                                    first(outputs, rows * dim));
+                if (score_queries == 0) call.lse = first(lse, rows);  // the other runs without: the backend's own
+                if (explicit_positions) call.query_positions = first(positions, std::size_t(host_offsets.back()));
+                call.scores = first(scores, score_count);
                 call.score_stride = stride;
                 call.score_queries = score_queries;
                 call.options = c.options;
                 backend.prefill(call);
+                backend.synchronize();
                 const auto expected = reference.prefill_exact(call);
                 const std::string step = what + ", prefill" + (explicit_positions ? " at explicit positions" : "") +
                                          ", score_queries " + std::to_string(score_queries);
-                compare(outputs, lse, expected, step);
-                compare_scores(view, scores, stride, expected, offsets, score_queries, step);
+                compare(call.outputs, call.lse, expected, step);
+                compare_scores(view, call.scores, stride, expected, host_offsets, score_queries, step);
             }
     }
+    combination_registry::instance().add("scores", Factory::name, element_traits<Element>::name,
+                                         heads_name(counts.query_heads(), counts.kv_heads(), dim));
 }
 
 }  // namespace kvcache_test

@@ -268,14 +268,6 @@ void check_scores(const Layout& view, std::size_t size, int stride, int score_qu
     }
 }
 
-/// Refuses scores on a backend that does not produce them yet.
-/// @tparam Params a decode_params or prefill_params
-template <class Params>
-void require_no_scores(const Params& p, const char* backend) {
-    require(p.scores.empty(), error_code::unsupported_configuration, "scores (", p.scores.size(), " entries) are not produced by the ",
-            backend, " backend yet: use the reference or cpu backend");
-}
-
 /// Every check of a decode_params call; check_outputs false: the outputs are
 /// not written (the reference's exact results), so not checked either.
 /// @tparam Params a decode_params

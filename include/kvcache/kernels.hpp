@@ -10,4 +10,5 @@
 #include "kvcache/kernels/merge_states_kernel.hpp"
 #include "kvcache/kernels/new_tokens.hpp"
 #include "kvcache/kernels/prefill_kernel.hpp"
+#include "kvcache/kernels/scores_kernel.hpp"
 #include "kvcache/kernels/softmax_math.hpp"

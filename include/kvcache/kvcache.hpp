@@ -16,3 +16,4 @@
 #include "kvcache/cache.hpp"
 #include "kvcache/kernels.hpp"
 #include "kvcache/backend.hpp"
+#include "kvcache/policy.hpp"

@@ -1,9 +1,11 @@
 # Fails when a header includes a header of a higher layer. The order is the
 # one in docs/architecture.md: core < execution, layout < configuration, cache,
-# kernels < backend. (execution and layout are independent of each other;
-# configuration sees only layouts; cache may not see execution or kernels;
-# kernels may not see cache; transport, the UCX page transfer outside the
-# umbrella, sees only core and cache, and nothing of the library sees it.)
+# kernels < backend < policy. (execution and layout are independent of each
+# other; configuration sees only layouts; cache may not see execution or
+# kernels; kernels may not see cache; policy, on top, needs only core and
+# layouts: it ranks rows from scores and reads key rows through a view;
+# transport, the UCX page transfer outside the umbrella, sees only core,
+# layout and cache, and nothing of the library sees it.)
 # Past the layers: the library never includes the model engine (engine/) or
 # the examples, and the engine includes only the library and itself.
 # Input: INCLUDE_DIR (the include/ folder), ENGINE_DIR (engine/, optional).
@@ -16,16 +18,17 @@ set(allowed_cache core layout cache)
 set(allowed_kernels core execution layout kernels)
 set(allowed_backend core execution layout configuration cache kernels backend)
 set(allowed_transport core layout cache transport)
+set(allowed_policy core layout policy)
 
 set(violations "")
-foreach(layer core execution layout configuration cache kernels backend transport)
+foreach(layer core execution layout configuration cache kernels backend policy transport)
     file(GLOB_RECURSE headers ${INCLUDE_DIR}/kvcache/${layer}/*.hpp ${INCLUDE_DIR}/kvcache/${layer}/*.cuh)
     foreach(header IN LISTS headers)
         file(STRINGS ${header} lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]kvcache/")
         foreach(line IN LISTS lines)
             string(REGEX MATCH "kvcache/([a-z_]+)" _ "${line}")
             set(target ${CMAKE_MATCH_1})
-            if(target MATCHES "^(core|execution|layout|configuration|cache|kernels|backend|transport)$" AND NOT target IN_LIST allowed_${layer})
+            if(target MATCHES "^(core|execution|layout|configuration|cache|kernels|backend|policy|transport)$" AND NOT target IN_LIST allowed_${layer})
                 file(RELATIVE_PATH rel ${INCLUDE_DIR} ${header})
                 string(APPEND violations "  ${rel} (layer ${layer}) includes ${line}\n")
             endif()

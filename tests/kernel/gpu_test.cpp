@@ -19,6 +19,7 @@
 #include "kvcache_kernel_gpu_configurations.hpp"
 #include "support/attention_harness.hpp"
 #include "support/layout_factories.hpp"
+#include "support/score_checks.hpp"
 
 using namespace kvcache;
 using namespace kvcache_test;
@@ -97,10 +98,13 @@ void check_compiled(type_list<Configurations...>) {
         if constexpr (heads::static_counts) {
             check_attention<factory, element, heads, query>(cuda_backend{}, "cuda");
             check_append<factory, element, heads, query>(cuda_backend{}, "cuda");
+            if constexpr (!is_scaled_element_v<element>) check_scores<factory, element, heads, query>(cuda_backend{}, "cuda");
         } else {  // the generic kernels: a GQA group, one over decode_dynamic_rows (several blocks), MHA
             for (const heads counts : {heads(6, 2), heads(9, 1), heads(3, 3)}) {
                 check_attention<factory, element, heads, query>(cuda_backend{}, "cuda", counts);
                 check_append<factory, element, heads, query>(cuda_backend{}, "cuda", counts);
+                if constexpr (!is_scaled_element_v<element>)
+                    check_scores<factory, element, heads, query>(cuda_backend{}, "cuda", counts);
             }
         }
     };

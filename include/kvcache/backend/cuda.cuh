@@ -71,18 +71,20 @@ void instantiation<Layout, Query>::append(const Layout& view, const Query* keys,
 
 template <class Layout, class Query>
 void instantiation<Layout, Query>::decode(const Layout& view, const Query* queries, Query* outputs, float* lse,
-                                          const attention_options& options, span<float> workspace,
-                                          cudaStream_t stream) {
+                                          const attention_options& options, const score_request& scores,
+                                          span<float> workspace, cudaStream_t stream) {
     stream_launcher launcher{stream, workspace};
-    kvcache::detail::run_decode(launcher, view, queries, outputs, lse, options);
+    kvcache::detail::run_decode(launcher, view, queries, outputs, lse, options, scores);
 }
 
 template <class Layout, class Query>
 void instantiation<Layout, Query>::prefill(const Layout& view, const Query* queries, const int* query_offsets,
                                            const int* query_positions, Query* outputs, float* lse,
-                                           const attention_options& options, cudaStream_t stream) {
-    stream_launcher launcher{stream, {}};
-    kvcache::detail::run_prefill(launcher, view, queries, query_offsets, query_positions, outputs, lse, options);
+                                           const attention_options& options, const score_request& scores,
+                                           std::size_t query_rows, span<float> workspace, cudaStream_t stream) {
+    stream_launcher launcher{stream, workspace};
+    kvcache::detail::run_prefill(launcher, view, queries, query_offsets, query_positions, outputs, lse, options, scores,
+                                 query_rows);
 }
 
 template <class State, class Output>

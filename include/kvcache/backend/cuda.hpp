@@ -45,9 +45,11 @@ struct instantiation {
     static void append(const Layout& view, const Query* keys, const Query* values, const int* new_token_offsets,
                        const int* positions, cudaStream_t stream);
     static void decode(const Layout& view, const Query* queries, Query* outputs, float* lse,
-                       const attention_options& options, span<float> workspace, cudaStream_t stream);
+                       const attention_options& options, const score_request& scores, span<float> workspace,
+                       cudaStream_t stream);
     static void prefill(const Layout& view, const Query* queries, const int* query_offsets, const int* query_positions,
-                        Query* outputs, float* lse, const attention_options& options, cudaStream_t stream);
+                        Query* outputs, float* lse, const attention_options& options, const score_request& scores,
+                        std::size_t query_rows, span<float> workspace, cudaStream_t stream);
 };
 
 /// merge for one (state, output) element pair; instantiated for all nine.
@@ -90,7 +92,8 @@ public:
     explicit cuda_backend(cudaStream_t stream, span<float> workspace = {}) noexcept
         : stream_(stream), workspace_(workspace) {}
 
-    /// Floats of workspace a decode with these params needs: 0 when it runs unsplit.
+    /// Floats of workspace a decode with these params needs: 0 when it runs
+    /// unsplit and asks for no scores without lse.
     /// @tparam Layout a layout view over device memory
     /// @tparam Query float, kvcache::half or kvcache::bfloat16
     template <class Layout, class Query>
@@ -99,9 +102,17 @@ public:
         const int splits =
             kvcache::detail::decode_splits(p.view.sequence_count(), decode_kernel<Layout, Query>::grid_y(p.view),
                                            cuda::detail::current_multiprocessors(), p.options);
-        if (splits <= 1) return 0;
-        return kvcache::detail::decode_workspace_floats(std::size_t(p.view.sequence_count()) * p.view.query_heads(), splits,
-                                                        heads::head_dim);
+        return kvcache::detail::decode_workspace_floats(std::size_t(p.view.sequence_count()) * p.view.query_heads(),
+                                                        splits, heads::head_dim, !p.scores.empty() && p.lse.empty());
+    }
+
+    /// Floats of workspace a prefill with these params needs: its rows' lse
+    /// when it asks for scores without lse, else 0.
+    /// @tparam Layout a layout view over device memory
+    /// @tparam Query float, kvcache::half or kvcache::bfloat16
+    template <class Layout, class Query>
+    std::size_t workspace_floats(const prefill_params<Layout, Query>& p) const {
+        return !p.scores.empty() && p.lse.empty() ? p.queries.size() / Layout::heads::head_dim : 0;
     }
 
     /// Writes new tokens' K/V rows (see append_params).
@@ -123,7 +134,7 @@ public:
         kvcache::detail::check_call_decode(p);
         cuda::detail::instantiation<Layout, Query>::decode(kvcache::detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(),
                                                            p.lse.empty() ? nullptr : p.lse.data(), p.options,
-                                                           workspace_, stream_);
+                                                           kvcache::detail::score_request_of(p.scores, p.score_stride), workspace_, stream_);
     }
 
     /// Prefill attention (see prefill_params).
@@ -135,7 +146,8 @@ public:
         cuda::detail::instantiation<Layout, Query>::prefill(
             kvcache::detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
-            p.lse.empty() ? nullptr : p.lse.data(), p.options, stream_);
+            p.lse.empty() ? nullptr : p.lse.data(), p.options, kvcache::detail::score_request_of(p.scores, p.score_stride, p.score_queries),
+            p.queries.size() / Layout::heads::head_dim, workspace_, stream_);
     }
 
     /// Merges partial states (see merge_params); head_dim a multiple of 8.

@@ -60,7 +60,7 @@ public:
         detail::check_call_decode(p);
         emulated::detail::emulated_launcher launcher{options_};
         detail::run_decode(launcher, detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
-                           p.options);
+                           p.options, detail::score_request_of(p.scores, p.score_stride));
     }
 
     /// Prefill attention with the prefill kernel (see prefill_params).
@@ -72,7 +72,8 @@ public:
         emulated::detail::emulated_launcher launcher{options_};
         detail::run_prefill(launcher, detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
                             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
-                            p.lse.empty() ? nullptr : p.lse.data(), p.options);
+                            p.lse.empty() ? nullptr : p.lse.data(), p.options, detail::score_request_of(p.scores, p.score_stride, p.score_queries),
+                            p.queries.size() / Layout::heads::head_dim);
     }
 
     /// Merges partial states with the merge kernel (see merge_params).

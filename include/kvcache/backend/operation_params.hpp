@@ -62,6 +62,12 @@ struct decode_params {
     span<Query> outputs;          ///< [batch][query_heads][head_dim]
     span<float> lse;              ///< optional: [batch][query_heads] log-sum-exps (-inf: saw nothing)
     attention_options options;    ///< scale, soft cap, key splits
+    /// optional: [batch][kv_heads][score_stride], entry i of (b, kv) the
+    /// softmax weight the step gave visible row i of sequence b, summed over
+    /// the KV head's query heads; entries no query saw and past the visible
+    /// count are 0. Host backends only (emulated and cuda refuse it).
+    span<float> scores;
+    int score_stride = 0;         ///< with scores: entries per (sequence, KV head), >= every visible count
 
     decode_params(const Layout& v, span<const Query> q, span<Query> o) : view(v), queries(q), outputs(o) {}
     /// From a read-only view of the same memory (elements const).
@@ -92,6 +98,11 @@ struct prefill_params {
     span<float> lse;                ///< optional: [query tokens][query_heads]
     span<const int> query_positions;  ///< optional: [query tokens], each token's position
     attention_options options;      ///< scale and soft cap (kv_splits is ignored)
+    /// optional: [batch][kv_heads][score_stride] as in decode_params, summed
+    /// over the query heads of the group and the contributing query tokens.
+    span<float> scores;
+    int score_stride = 0;           ///< with scores: entries per (sequence, KV head), >= every visible count
+    int score_queries = 0;          ///< with scores: only each sequence's last score_queries tokens contribute; 0: all
 
     prefill_params(const Layout& v, span<const Query> q, span<const int> offsets, span<Query> o)
         : view(v), queries(q), query_offsets(offsets), outputs(o) {}

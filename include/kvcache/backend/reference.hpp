@@ -54,13 +54,17 @@ gathered_rows gather(const Layout& view, int sequence, int kv_head) {
 struct attention_result {
     std::vector<double> outputs;  ///< [query rows][query_heads][head_dim]
     std::vector<double> lse;      ///< [query rows][query_heads]; -inf for a query that sees nothing
+    std::vector<double> scores;   ///< when the call asked for scores: [batch][kv_heads][score_stride]
 };
 
 namespace detail {
 
-/// Attention of one query row over gathered rows; writes head_dim outputs, returns the lse.
+/// Attention of one query row over gathered rows; writes head_dim outputs,
+/// adds each row's softmax weight to row_scores[visible index] when not null,
+/// returns the lse.
 inline double attend(const double* query, const gathered_rows& rows, int query_position,
-                     const attention_visibility& visibility, double scale, double cap, double* output) {
+                     const attention_visibility& visibility, double scale, double cap, double* output,
+                     double* row_scores = nullptr) {
     const int dim = rows.head_dim;
     std::vector<double> logits;
     std::vector<int> seen;
@@ -84,14 +88,19 @@ inline double attend(const double* query, const gathered_rows& rows, int query_p
         for (int d = 0; d < dim; ++d) output[d] += weight * rows.values[static_cast<std::size_t>(seen[i]) * dim + d];
     }
     for (int d = 0; d < dim; ++d) output[d] /= sum;
+    if (row_scores)
+        for (std::size_t i = 0; i < seen.size(); ++i) row_scores[seen[i]] += std::exp(logits[i] - max_logit) / sum;
     return max_logit + std::log(sum);
 }
 
 /// Attention of `tokens` query tokens of one sequence: at its last positions,
-/// or at positions[t] when positions is not null.
+/// or at positions[t] when positions is not null. scores (nullable):
+/// [kv_heads][score_stride] of this sequence, where the weights of the last
+/// score_tokens tokens are added.
 template <class Layout, class Query>
 void attend_sequence(const Layout& view, int sequence, int tokens, const Query* queries, const int* positions,
-                     const attention_options& options, double* outputs, double* lse) {
+                     const attention_options& options, double* outputs, double* lse, double* scores = nullptr,
+                     int score_stride = 0, int score_tokens = 0) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const double scale = options.softmax_scale != 0.0f ? options.softmax_scale : 1.0 / std::sqrt(double(dim));
@@ -105,18 +114,23 @@ void attend_sequence(const Layout& view, int sequence, int tokens, const Query* 
                 const std::size_t row = static_cast<std::size_t>(t) * view.query_heads() + head;
                 for (int d = 0; d < dim; ++d) query[d] = to_float(queries[row * dim + d]);
                 const int position = positions ? positions[t] : length - tokens + t;
+                double* row_scores = scores && t >= tokens - score_tokens
+                                         ? scores + static_cast<std::size_t>(kv) * score_stride
+                                         : nullptr;
                 lse[row] = attend(query.data(), rows, position, view.visibility(), scale,
-                                  options.logits_soft_cap, outputs + row * dim);
+                                  options.logits_soft_cap, outputs + row * dim, row_scores);
             }
         }
     }
 }
 
 template <class Output>
-void narrow(const attention_result& result, Output* outputs, float* lse) {
+void narrow(const attention_result& result, Output* outputs, float* lse, float* scores) {
     for (std::size_t i = 0; i < result.outputs.size(); ++i) outputs[i] = from_float<Output>(float(result.outputs[i]));
     if (lse)
         for (std::size_t i = 0; i < result.lse.size(); ++i) lse[i] = static_cast<float>(result.lse[i]);
+    if (scores)
+        for (std::size_t i = 0; i < result.scores.size(); ++i) scores[i] = static_cast<float>(result.scores[i]);
 }
 
 }  // namespace detail
@@ -193,7 +207,8 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
-        reference::detail::narrow(decode_checked(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data());
+        reference::detail::narrow(decode_checked(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
+                                  p.scores.empty() ? nullptr : p.scores.data());
     }
 
     /// Prefill attention, results rounded to the queries' type.
@@ -202,7 +217,8 @@ public:
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
-        reference::detail::narrow(prefill_checked(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data());
+        reference::detail::narrow(prefill_checked(p), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
+                                  p.scores.empty() ? nullptr : p.scores.data());
     }
 
     /// Merges partial states in double (see merge_params).
@@ -250,6 +266,8 @@ private:
         reference::attention_result result;
         result.outputs.assign(static_cast<std::size_t>(batch) * view.query_heads() * heads::head_dim, 0.0);
         result.lse.assign(static_cast<std::size_t>(batch) * view.query_heads(), 0.0);
+        const std::size_t block = static_cast<std::size_t>(view.kv_heads()) * p.score_stride;
+        if (!p.scores.empty()) result.scores.assign(batch * block, 0.0);
         for (int b = 0; b < batch; ++b) {
             const std::size_t row = static_cast<std::size_t>(b) * view.query_heads();
             if (view.length(b) == 0) {
@@ -259,7 +277,9 @@ private:
             }
             reference::detail::attend_sequence(view, b, 1, p.queries.data() + row * heads::head_dim, nullptr,
                                                p.options, result.outputs.data() + row * heads::head_dim,
-                                               result.lse.data() + row);
+                                               result.lse.data() + row,
+                                               p.scores.empty() ? nullptr : result.scores.data() + b * block,
+                                               p.score_stride, 1);
         }
         return result;
     }
@@ -273,13 +293,17 @@ private:
         reference::attention_result result;
         result.outputs.assign(static_cast<std::size_t>(total) * view.query_heads() * heads::head_dim, 0.0);
         result.lse.assign(static_cast<std::size_t>(total) * view.query_heads(), 0.0);
+        const std::size_t block = static_cast<std::size_t>(view.kv_heads()) * p.score_stride;
+        if (!p.scores.empty()) result.scores.assign(batch * block, 0.0);
         for (int b = 0; b < batch; ++b) {
             const int first = p.query_offsets[b], tokens = p.query_offsets[b + 1] - first;
             const std::size_t row = static_cast<std::size_t>(first) * view.query_heads();
             reference::detail::attend_sequence(view, b, tokens, p.queries.data() + row * heads::head_dim,
                                                p.query_positions.empty() ? nullptr : p.query_positions.data() + first,
                                                p.options, result.outputs.data() + row * heads::head_dim,
-                                               result.lse.data() + row);
+                                               result.lse.data() + row,
+                                               p.scores.empty() ? nullptr : result.scores.data() + b * block,
+                                               p.score_stride, p.score_queries > 0 ? p.score_queries : tokens);
         }
         return result;
     }

@@ -67,4 +67,29 @@ struct merge_kernel_params {
     std::int64_t lse_row_stride;
 };
 
+/// Attention scores a decode or prefill is asked for (decode_params::scores):
+/// [batch][kv_heads][stride] floats, from each sequence's last `queries`
+/// tokens (0: all; decode has one). scores null: none.
+struct score_request {
+    float* scores = nullptr;
+    int stride = 0;
+    int queries = 0;
+};
+
+/// The scores body's arguments: the attention call's queries, positions and
+/// final log-sum-exps, and where the scores go.
+/// @tparam Layout a layout view
+/// @tparam Query float, kvcache::half or kvcache::bfloat16
+template <class Layout, class Query>
+struct scores_kernel_params {
+    Layout view;
+    const Query* queries;        ///< [query tokens][query_heads][head_dim]
+    const int* query_offsets;    ///< [batch + 1]; null: one query per sequence (decode)
+    const int* query_positions;  ///< [query tokens] or null: the last n_b positions of its sequence
+    const float* lse;            ///< [query tokens][query_heads], the call's final log-sum-exps
+    float scale;
+    float soft_cap;
+    score_request request;
+};
+
 }  // namespace kvcache

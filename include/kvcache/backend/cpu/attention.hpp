@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/merge_states.hpp"
 #include "kvcache/backend/cpu/prefill_tiles.hpp"
+#include "kvcache/backend/cpu/score_record.hpp"
 #include "kvcache/backend/cpu/thread_pool.hpp"
 #include "kvcache/backend/cpu/tile_attention.hpp"
 #include "kvcache/core/element.hpp"
@@ -28,28 +31,40 @@ inline constexpr int min_split_keys = 256;
 
 /// Decode of the group query rows of (sequence, kv_head) over its visible
 /// keys [begin, end), all at the sequence's last position; writes the
-/// normalised rows and, when lse is not null, their log-sum-exps.
+/// normalised rows and, when lse is not null, their log-sum-exps. record
+/// (nullable, listing rows 0..group-1) keeps their weights, with the lse of
+/// [begin, end) set.
 template <class Layout, class Query, class Output>
 void decode_rows(const Layout& view, int sequence, int kv_head, int begin, int end, const Query* queries, float scale,
-                 float soft_cap, Output* outputs, float* lse) {
+                 float soft_cap, Output* outputs, float* lse, score_record* record = nullptr) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const int group = view.group_size();
     tile_attention<dim> rows(group);
     const int position = view.length(sequence) - 1;
     for (int g = 0; g < group; ++g) rows.load(g, queries + g * dim, scale, position);
-    rows.attend(view, sequence, kv_head, begin, end, soft_cap);
+    rows.attend(view, sequence, kv_head, begin, end, soft_cap, record);
     for (int g = 0; g < group; ++g) rows.store(g, outputs + g * dim, lse ? lse + g : nullptr, scales_of(view).value);
+    if (record)
+        for (int g = 0; g < group; ++g) record->set_lse(std::size_t(g), rows.lse(g));
+}
+
+/// The rows 0..n-1 of a work item, as a score_record lists them.
+inline std::vector<int> first_rows(int n) {
+    std::vector<int> rows(std::size_t(std::max(n, 0)));
+    for (int r = 0; r < n; ++r) rows[std::size_t(r)] = r;
+    return rows;
 }
 
 /// Decode attention on pool's threads: one query per sequence at position
 /// length - 1. queries/outputs: [batch][query_heads][head_dim]; lse
-/// (nullable): [batch][query_heads]. Arguments are checked by the caller.
+/// (nullable): [batch][query_heads]; scores (nullable): [batch][kv_heads][score_stride]
+/// (see decode_params). Arguments are checked by the caller.
 /// @tparam Layout a layout view over host memory
 /// @tparam Query float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Query>
 void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* outputs, float* lse,
-            const attention_options& options) {
+            const attention_options& options, float* scores = nullptr, int score_stride = 0) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const int group = view.group_size();
@@ -62,18 +77,29 @@ void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* 
     int splits = options.kv_splits;
     if (splits <= 0) splits = items >= pool.threads() ? 1 : (pool.threads() + items - 1) / items;
     auto visible_keys = [&](int b) { return view.length(b) > 0 ? view.visible_count(b) : 0; };
+    auto score_block = [&](int item) { return scores + std::size_t(item) * score_stride; };  // item = b * kv_heads + kv
     if (splits == 1) {
         pool.parallel_for(items, [&](int item) {
             const int b = item / view.kv_heads(), kv = item % view.kv_heads();
             const std::size_t first_row = std::size_t(b) * view.query_heads() + std::size_t(kv) * group;
+            if (!scores) {
+                decode_rows(view, b, kv, 0, visible_keys(b), queries + first_row * dim, scale, options.logits_soft_cap,
+                            outputs + first_row * dim, lse ? lse + first_row : nullptr);
+                return;
+            }
+            score_record record(first_rows(group));
             decode_rows(view, b, kv, 0, visible_keys(b), queries + first_row * dim, scale, options.logits_soft_cap,
-                        outputs + first_row * dim, lse ? lse + first_row : nullptr);
+                        outputs + first_row * dim, lse ? lse + first_row : nullptr, &record);
+            std::fill(score_block(item), score_block(item) + score_stride, 0.0f);
+            record.add_to(score_block(item));
         });
         return;
     }
     // Split-KV: partial states [split][row], then the one merge over the splits.
     const std::size_t rows = std::size_t(batch) * view.query_heads();
     std::vector<float> partial(rows * splits * dim), partial_lse(rows * splits);
+    std::vector<score_record> records;
+    if (scores) records.assign(std::size_t(items) * splits, score_record(first_rows(group)));
     pool.parallel_for(items * splits, [&](int work) {
         const int item = work / splits, split = work % splits;
         const int b = item / view.kv_heads(), kv = item % view.kv_heads();
@@ -83,9 +109,27 @@ void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* 
         const int begin = std::min(visible, split * chunk), end = std::min(visible, begin + chunk);
         const std::size_t slot = std::size_t(split) * rows + first_row;
         decode_rows(view, b, kv, begin, end, queries + first_row * dim, scale, options.logits_soft_cap,
-                    partial.data() + slot * dim, partial_lse.data() + slot);
+                    partial.data() + slot * dim, partial_lse.data() + slot, scores ? &records[work] : nullptr);
     });
-    merge_rows(splits, int(rows), dim, partial.data(), partial_lse.data(), outputs, lse);
+    if (!scores) {
+        merge_rows(splits, int(rows), dim, partial.data(), partial_lse.data(), outputs, lse);
+        return;
+    }
+    // A split's weights are normalised over its own keys; over all of them
+    // they need the merged lse, which the merge writes here when the caller's is null.
+    std::vector<float> own_lse(lse ? 0 : rows);
+    float* merged_lse = lse ? lse : own_lse.data();
+    merge_rows(splits, int(rows), dim, partial.data(), partial_lse.data(), outputs, merged_lse);
+    pool.parallel_for(items, [&](int item) {
+        const std::size_t first_row = std::size_t(item / view.kv_heads()) * view.query_heads() +
+                                      std::size_t(item % view.kv_heads()) * group;
+        std::fill(score_block(item), score_block(item) + score_stride, 0.0f);
+        for (int split = 0; split < splits; ++split) {
+            score_record& record = records[std::size_t(item) * splits + split];
+            for (int g = 0; g < group; ++g) record.set_lse(std::size_t(g), merged_lse[first_row + g]);
+            record.add_to(score_block(item));
+        }
+    });
 }
 
 /// Query tokens of one prefill work item (times the GQA group: its rows)
@@ -98,13 +142,16 @@ inline int prefill_block_tokens(int group) noexcept { return std::max(1, prefill
 /// (any value >= 0, in any order), else at length_b - n_b + t (the last n_b
 /// positions, already appended); it sees each present key at a position p <= its own
 /// that view.visibility() allows. queries/outputs:
-/// [query tokens][query_heads][head_dim]; lse (nullable): [query tokens][query_heads].
-/// Arguments are checked by the caller.
+/// [query tokens][query_heads][head_dim]; lse (nullable): [query tokens][query_heads];
+/// scores (nullable): [batch][kv_heads][score_stride], from each sequence's
+/// last score_queries tokens (0: all; see prefill_params). Arguments are
+/// checked by the caller.
 /// @tparam Layout a layout view over host memory
 /// @tparam Query float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Query>
 void prefill(thread_pool& pool, const Layout& view, const Query* queries, const int* query_offsets,
-             const int* query_positions, Query* outputs, float* lse, const attention_options& options) {
+             const int* query_positions, Query* outputs, float* lse, const attention_options& options,
+             float* scores = nullptr, int score_stride = 0, int score_queries = 0) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const int group = view.group_size();
@@ -130,6 +177,9 @@ void prefill(thread_pool& pool, const Layout& view, const Query* queries, const 
     }
     // Longest items first, so the threads finish together (causal blocks grow along the chunk).
     std::stable_sort(work.begin(), work.end(), [](const work_item& a, const work_item& b) { return a.keys > b.keys; });
+    // Scores: each item keeps the weights of its contributing rows; blocks of
+    // one (sequence, KV head) add them into the same entries afterwards.
+    std::vector<std::unique_ptr<score_record>> records(scores ? work.size() : 0);
     pool.parallel_for(int(work.size()), [&](int index) {
         const work_item item = work[index];
         const int b = item.sequence;
@@ -143,11 +193,35 @@ void prefill(thread_pool& pool, const Layout& view, const Query* queries, const 
             for (int g = 0; g < group; ++g) rows.load(t * group + g, queries + row_of(t, g) * dim, scale, position);
         }
         const int visible = view.length(b) > 0 ? view.visible_count(b) : 0;
-        rows.attend(view, b, item.kv_head, 0, visible, options.logits_soft_cap);
+        score_record* record = nullptr;
+        if (scores) {
+            const int tokens = query_offsets[b + 1] - query_offsets[b];
+            const int first_scored = score_queries > 0 ? std::max(0, tokens - score_queries) : 0;
+            const int skip = std::min(item.tokens, std::max(0, first_scored - item.first_token));
+            if (skip < item.tokens) {
+                std::vector<int> scored = first_rows((item.tokens - skip) * group);
+                for (int& r : scored) r += skip * group;
+                records[index] = std::make_unique<score_record>(std::move(scored));
+                record = records[index].get();
+            }
+        }
+        rows.attend(view, b, item.kv_head, 0, visible, options.logits_soft_cap, record);
         for (int t = 0; t < item.tokens; ++t)
             for (int g = 0; g < group; ++g)
                 rows.store(t * group + g, outputs + row_of(t, g) * dim, lse ? lse + row_of(t, g) : nullptr,
                            scales_of(view).value);
+        if (record)
+            for (std::size_t j = 0; j < record->rows().size(); ++j) record->set_lse(j, rows.lse(record->rows()[j]));
+    });
+    if (!scores) return;
+    const int pairs = batch * view.kv_heads();
+    std::vector<std::vector<const score_record*>> by_pair{std::size_t(pairs)};
+    for (std::size_t i = 0; i < work.size(); ++i)
+        if (records[i]) by_pair[std::size_t(work[i].sequence) * view.kv_heads() + work[i].kv_head].push_back(records[i].get());
+    pool.parallel_for(pairs, [&](int pair) {
+        float* block = scores + std::size_t(pair) * score_stride;
+        std::fill(block, block + score_stride, 0.0f);
+        for (const score_record* record : by_pair[std::size_t(pair)]) record->add_to(block);
     });
 }
 

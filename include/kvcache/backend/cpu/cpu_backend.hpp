@@ -53,7 +53,8 @@ public:
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
         cpu::detail::decode(*pool_, detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(),
-                            p.lse.empty() ? nullptr : p.lse.data(), p.options);
+                            p.lse.empty() ? nullptr : p.lse.data(), p.options,
+                            p.scores.empty() ? nullptr : p.scores.data(), p.score_stride);
     }
 
     /// Prefill attention (see prefill_params).
@@ -65,7 +66,8 @@ public:
         if (p.view.sequence_count() == 0) return;
         cpu::detail::prefill(*pool_, detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
                              p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),
-                             p.lse.empty() ? nullptr : p.lse.data(), p.options);
+                             p.lse.empty() ? nullptr : p.lse.data(), p.options,
+                             p.scores.empty() ? nullptr : p.scores.data(), p.score_stride, p.score_queries);
     }
 
     /// Merges partial attention states (see merge_params).

@@ -39,6 +39,7 @@ struct key_tile {
     const Element* values[tile_keys];
     int positions[tile_keys];
     int count = 0;
+    int first_visible = 0;  ///< visible index of keys[0]: a tile's keys are consecutive visible rows
 };
 
 /// Hands out the visible keys [begin, end) of (sequence, kv_head) tile by
@@ -52,11 +53,13 @@ public:
     using element = typename Layout::element_type;
 
     tile_cursor(const Layout& view, int sequence, int kv_head, int begin, int end, int last_position)
-        : view_(view), sequence_(sequence), kv_head_(kv_head), next_(begin), end_(end), last_position_(last_position) {}
+        : view_(view), sequence_(sequence), kv_head_(kv_head), next_(begin), end_(end), last_position_(last_position),
+          handed_(begin) {}
 
     /// Fills the tile; false when no key is left.
     bool fill(key_tile<element>& tile) {
         tile.count = 0;
+        tile.first_visible = handed_;
         while (tile.count < tile_keys) {
             if (used_ == run_.count) {
                 if (next_ >= end_) break;
@@ -91,12 +94,14 @@ public:
             tile.values[i] = tile.values[tile.count - 1];
             tile.positions[i] = INT_MAX;
         }
+        handed_ += tile.count;
         return tile.count > 0;
     }
 
 private:
     const Layout& view_;
     int sequence_, kv_head_, next_, end_, last_position_;
+    int handed_;  ///< visible index of the next key handed out
     position_run<element> run_{};
     int used_ = 0;
 };

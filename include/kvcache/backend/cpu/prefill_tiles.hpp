@@ -18,6 +18,7 @@
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/key_tiles.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"
+#include "kvcache/backend/cpu/score_record.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/kernels/softmax_math.hpp"
@@ -240,10 +241,12 @@ public:
     /// Folds the visible keys [begin, end) of (sequence, kv_head) into every
     /// row; a row sees a key when view.visibility() allows it at the row's
     /// position. Tiles no row sees are neither fetched nor computed, and the
-    /// walk ends at the first key past every row's position.
+    /// walk ends at the first key past every row's position. record (nullable)
+    /// keeps the weights of the rows it lists.
     /// @tparam Layout a layout view over host memory
     template <class Layout>
-    void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap) {
+    void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
+                score_record* record = nullptr) {
         using element = typename Layout::element_type;
         constexpr int ring = prefetch_tiles + 1;
         const attention_visibility visibility = view.visibility();
@@ -263,7 +266,7 @@ public:
             ++filled;
         }
         for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
-            fold(tiles[current], slot_masks(current), soft_cap);
+            fold(tiles[current], slot_masks(current), soft_cap, record);
             if (filled == ring && next_seen(tiles[current], slot_masks(current))) {
                 prefetch_tile<Dim>(tiles[current]);
                 ++filled;
@@ -282,6 +285,9 @@ public:
         for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(outputs_[d * stride_ + r] * inverse);
         if (lse) *lse = kvcache::detail::log_sum_exp(state_[r], sum);
     }
+
+    /// Row r's log-sum-exp so far (-inf when it saw no key).
+    float lse(int r) const { return kvcache::detail::log_sum_exp(state_[r], state_[stride_ + r]); }
 
 private:
     // state_: running max, running sum, rescale, the tile's max and its sum, [stride_] each.
@@ -344,7 +350,7 @@ private:
     /// One tile into every row: S = Q K^T, the mask and soft cap, the
     /// online-softmax update lane-wise over rows, then O = O * rescale + P V.
     template <class Element>
-    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap) {
+    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap, score_record* record) {
         const float minus_infinity = kvcache::detail::negative_infinity();
         const int count = tile.count;
         const float* keys[tile_keys];
@@ -403,6 +409,8 @@ private:
         }
         float* const sum = running_sum();
         for (std::size_t r = 0; r < stride; ++r) sum[r] = sum[r] * factor[r] + added[r];
+        // The weights are relative to the base just subtracted (0 for a row that saw nothing yet).
+        if (record) record->add(tile.first_visible, count, scores, 1, stride, new_max);
         for (std::size_t r0 = 0; r0 < stride; r0 += chunk_rows) {
             const int vectors = int(std::min<std::size_t>(chunk_rows, stride - r0) / row_vector::lanes);
             with_row_vectors(vectors, [&](auto n) {

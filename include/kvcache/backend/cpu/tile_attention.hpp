@@ -15,6 +15,7 @@
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/key_tiles.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"
+#include "kvcache/backend/cpu/score_record.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/kernels/softmax_math.hpp"
@@ -56,10 +57,12 @@ public:
     /// Folds the visible keys [begin, end) of (sequence, kv_head) into every
     /// row; a row sees a key when view.visibility() allows it at the row's
     /// position. Tiles no row sees are neither fetched nor computed, and the
-    /// walk ends at the first key past every row's position.
+    /// walk ends at the first key past every row's position. record (nullable)
+    /// keeps the weights of the rows it lists.
     /// @tparam Layout a layout view over host memory
     template <class Layout>
-    void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap) {
+    void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
+                score_record* record = nullptr) {
         using element = typename Layout::element_type;
         constexpr int ring = prefetch_tiles + 1;
         const attention_visibility visibility = view.visibility();
@@ -81,12 +84,12 @@ public:
         for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
             if constexpr (!std::is_same_v<element, float>) {  // 16-bit and fp8 rows
                 if (rows_ > widen_tile_rows) {
-                    fold(widened(tiles[current]), slot_masks(current), soft_cap);
+                    fold(widened(tiles[current]), slot_masks(current), soft_cap, record);
                 } else {
-                    fold(tiles[current], slot_masks(current), soft_cap);
+                    fold(tiles[current], slot_masks(current), soft_cap, record);
                 }
             } else {
-                fold(tiles[current], slot_masks(current), soft_cap);
+                fold(tiles[current], slot_masks(current), soft_cap, record);
             }
             // The slot just used takes the next tile not yet asked for.
             if (filled == ring && next_seen(tiles[current], slot_masks(current))) {
@@ -108,6 +111,9 @@ public:
         for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(accumulator[d] * inverse);
         if (lse) *lse = kvcache::detail::log_sum_exp(running_max()[r], sum);
     }
+
+    /// Row r's log-sum-exp so far (-inf when it saw no key).
+    float lse(int r) const { return kvcache::detail::log_sum_exp(running_max()[r], running_sum()[r]); }
 
 private:
     // floats_: queries [rows][Dim], accumulators [rows][Dim], scores
@@ -150,6 +156,7 @@ private:
         if (widened_.empty()) widened_.resize(std::size_t(2) * tile_keys * Dim);
         key_tile<float> result;
         result.count = tile.count;
+        result.first_visible = tile.first_visible;
         for (int t = 0; t < tile_keys; ++t) {
             float* key = widened_.data() + std::size_t(t) * Dim;
             float* value = key + std::size_t(tile_keys) * Dim;
@@ -172,7 +179,7 @@ private:
     /// One tile into every row that sees part of it: scores, mask and soft
     /// cap, the online-softmax update, and the weighted values.
     template <class Element>
-    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap) {
+    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap, score_record* record) {
         const float minus_infinity = kvcache::detail::negative_infinity();
         // Fixed-width steps over the tile: whole groups of 8 for the lane reductions.
         const int keys = (tile.count + 7) / 8 * 8;
@@ -205,6 +212,8 @@ private:
             running_sum()[r] = running_sum()[r] * rescale()[r] + lane_sum(row, keys);
             running_max()[r] = new_max;
         }
+        // The weights are relative to the running max just set (0 where a row saw nothing).
+        if (record) record->add(tile.first_visible, tile.count, all_scores, tile_keys, 1, running_max());
         for (int r0 = 0; r0 < rows_; r0 += row_block) {
             const int rows = std::min(row_block, rows_ - r0);
             if (!any_seen(masks + r0, rows)) continue;

@@ -245,6 +245,29 @@ void check_call_append(const Params& p, bool host_memory) {
     check_positions(p.view, p.positions, p.new_token_offsets, total, "positions", true);
 }
 
+/// The optional scores of a decode or prefill: batch x kv_heads x stride
+/// entries, the stride at least every sequence's visible count (checked when
+/// the view's lengths are host memory), score_queries >= 0.
+/// @tparam Layout a layout view
+template <class Layout>
+void check_scores(const Layout& view, std::size_t size, int stride, int score_queries, bool host_lengths) {
+    require(stride > 0, error_code::invalid_argument, "score_stride = ", stride,
+            " must be positive when scores are given (entries per sequence and KV head)");
+    require(score_queries >= 0, error_code::invalid_argument, "score_queries = ", score_queries,
+            " is negative (0: every query token contributes)");
+    const int batch = view.sequence_count();
+    require(size == std::size_t(batch) * std::size_t(view.kv_heads()) * std::size_t(stride),
+            error_code::invalid_argument, "scores holds ", size, " entries but ", batch, " sequences x ",
+            view.kv_heads(), " kv_heads x score_stride ", stride, " = ",
+            std::int64_t(batch) * view.kv_heads() * stride, " are needed");
+    if (!host_lengths) return;
+    for (int b = 0; b < batch; ++b) {
+        const int visible = view.length(b) > 0 ? view.visible_count(b) : 0;
+        require(visible <= stride, error_code::invalid_argument, sequence_name(view, b), " has ", visible,
+                " visible rows but score_stride is ", stride);
+    }
+}
+
 /// Every check of a decode_params call; check_outputs false: the outputs are
 /// not written (the reference's exact results), so not checked either.
 /// @tparam Params a decode_params
@@ -252,6 +275,7 @@ template <class Params>
 void check_call_decode(const Params& p, bool check_outputs = true) {
     const std::size_t outputs = check_outputs ? p.outputs.size() : p.queries.size();
     check_decode(p.view, p.queries.size(), outputs, check_outputs && !p.lse.empty(), p.lse.size(), p.options);
+    if (!p.scores.empty()) check_scores(p.view, p.scores.size(), p.score_stride, 0, true);
 }
 
 /// Every check of a prefill_params call (see check_call_append for host_memory).
@@ -262,6 +286,7 @@ void check_call_prefill(const Params& p, bool host_memory, bool check_outputs = 
     const int total = check_prefill(p.view, p.queries.size(), p.query_offsets, outputs, check_outputs && !p.lse.empty(),
                                     p.lse.size(), p.options, host_memory, p.query_positions.empty());
     check_positions(p.view, p.query_positions, p.query_offsets, total, "query_positions", false);
+    if (!p.scores.empty()) check_scores(p.view, p.scores.size(), p.score_stride, p.score_queries, host_memory);
 }
 
 /// Every check of a merge_params call.

@@ -224,6 +224,54 @@ TEST_CASE("a compacted sequence's moved pages are never published under its toke
     check_sequence(cache, b, mb);
 }
 
+TEST_CASE("a layer that keeps a leading run and drops the rest moves nothing, yet its later pages are not published") {
+    cache_type cache(layers, 24, page, true);
+    const auto a = cache.add_sequence();
+    const auto tokens = tokens_from(60, 16);
+    append_tokens(cache, a, tokens);
+    model_sequence m;
+    m.append(tokens);
+    cache.compact(a, 1, {0, 1, 2, 3, 4, 5});  // no row moves; layer 1 stores positions 0..5
+    m.keep(1, {0, 1, 2, 3, 4, 5});
+    const auto more = tokens_from(600, 9);
+    append_tokens(cache, a, more);  // layer 1 stores positions 16.. in rows 6.. (page 1 onwards)
+    m.append(more);
+    check_sequence(cache, a, m);
+    cache.remove_sequence(a);
+    CHECK(cache.statistics().pages_cached == 1);  // page 0 only: rows 0..3 are positions 0..3 in both layers
+
+    const auto b = cache.add_sequence();
+    CHECK(cache.match_prefix(b, tokens) == page);
+    model_sequence mb;
+    mb.append(std::vector<std::int32_t>(tokens.begin(), tokens.begin() + page));
+    check_sequence(cache, b, mb);
+}
+
+TEST_CASE("appends after a compaction copy the shared pages they land in, also earlier ones of a shorter layer") {
+    cache_type cache(layers, 24, page, true);
+    const auto a = cache.add_sequence();
+    const auto tokens = tokens_from(70, 16);
+    append_tokens(cache, a, tokens);
+    cache.publish(a);  // all 4 pages in the prefix index
+    model_sequence m;
+    m.append(tokens);
+    cache.compact(a, 1, {0, 1});  // layer 1 keeps 2 rows; layer 0 all 16: no page is released
+    m.keep(1, {0, 1});
+    const auto copies = cache.statistics().copies;
+    const auto more = tokens_from(800, 1);
+    append_tokens(cache, a, more);  // layer 0: row 16 (a new page); layer 1: row 2, in cached page 0
+    m.append(more);
+    check_sequence(cache, a, m);
+    CHECK(cache.statistics().copies == copies + 1);
+
+    // The cached page 0 still holds the prompt's rows in every layer.
+    const auto b = cache.add_sequence();
+    CHECK(cache.match_prefix(b, tokens) == 16);
+    model_sequence mb;
+    mb.append(tokens);
+    check_sequence(cache, b, mb);
+}
+
 TEST_CASE("every refused compaction names the bad value and changes nothing") {
     cache_type cache(layers, 12, page, true);
     cache.attach_host_tier(8);

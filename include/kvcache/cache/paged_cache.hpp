@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -300,9 +301,9 @@ public:
     }
 
     /// Shortens the sequence, releasing pages past the new end; out_of_range
-    /// when new_length is past the end.
-    /// A compacted sequence drops, in every layer, the rows of positions at
-    /// or past new_length; the next append lands at position new_length.
+    /// when new_length is past the end. A compacted sequence drops, in every
+    /// layer, the rows of positions at or past new_length (the next append
+    /// lands at position new_length).
     void truncate(sequence_id id, int new_length) {
         state& s = resident(id, "truncate");
         base::check_truncate(id, new_length, s.length);
@@ -800,16 +801,25 @@ private:
         static const layer_rows every_position{};
         return s.compaction.empty() ? every_position : s.compaction[std::size_t(layer)];
     }
-    /// The fewest and the most positions a layer of s no longer stores.
+    /// The fewest positions a layer of s no longer stores.
     int fewest_dropped(const state& s) const {
         int d = s.compaction.empty() ? 0 : INT_MAX;
         for (const layer_rows& r : s.compaction) d = std::min(d, r.dropped);
         return d;
     }
-    int most_dropped(const state& s) const {
-        int d = 0;
-        for (const layer_rows& r : s.compaction) d = std::max(d, r.dropped);
-        return d;
+    /// Which of s's pages the rows of n new tokens land in: each layer's go
+    /// after its own rows, so with layers of different counts, earlier pages too.
+    std::vector<char> pages_landed_in(const state& s, int n) const {
+        std::vector<char> landing(s.pages.size(), 0);
+        const auto mark = [&](int dropped) {
+            const int rows = s.length - dropped;
+            for (std::size_t i = std::size_t(rows / page_size_); i < landing.size() && n > 0 &&
+                                                                 i <= std::size_t((rows + n - 1) / page_size_); ++i)
+                landing[i] = 1;
+        };
+        if (s.compaction.empty()) mark(0);
+        for (const layer_rows& r : s.compaction) mark(r.dropped);
+        return landing;
     }
     /// Rows of the layer that stores the most: what s's pages must hold.
     int stored_rows(const state& s) const { return s.length - fewest_dropped(s); }
@@ -837,6 +847,27 @@ private:
             all = all && r.kept.empty() && r.dropped == 0;
         }
         if (all) s.compaction.clear();
+    }
+
+    /// Storage rows [0, n) of s that hold position == row in every layer and
+    /// always will (later rows land after a compacted layer's kept ones).
+    static std::size_t identity_rows(const state& s) {
+        std::size_t n = SIZE_MAX;
+        for (const layer_rows& r : s.compaction) {
+            if (r.dropped == 0) continue;  // a layer that stores every position
+            std::size_t j = 0;
+            while (j < r.kept.size() && r.kept[j] == static_cast<int>(j)) ++j;
+            n = std::min(n, j);
+        }
+        return n;
+    }
+    /// A compacted sequence's pages past its identity rows no longer hold the
+    /// rows of their token ids (or will not once appended to): it forgets
+    /// those token ids, so the pages are never offered to the prefix cache.
+    void forget_tokens_past_identity(state& s) const {
+        const std::size_t identity = identity_rows(s);
+        s.tokens.resize(std::min(s.tokens.size(), identity));
+        s.hashes.resize(std::min(s.hashes.size(), identity / std::size_t(page_size_)));
     }
 
     /// Releases s's pages past those rows [0, rows) need.
@@ -881,21 +912,15 @@ private:
         for (std::size_t i = 0; i < touched.size(); ++i) copies += touched[i] && pool_.shared(s.pages[i]) ? 1 : 0;
         require_pages(copies, id);
 
-        std::size_t first_moved = s.pages.size();
         for (std::size_t i = 0; i < touched.size(); ++i) {
             if (!touched[i]) continue;
-            first_moved = std::min(first_moved, i);
             if (pool_.shared(s.pages[i])) make_private(s, static_cast<int>(i));
             tier_.unlink_primary(s.pages[i]);  // its rows change: a host copy no longer matches
         }
         for (std::size_t k = 0; k < layers.size(); ++k) move_rows(s, layers[k], *lists[k]);
         s.compaction = std::move(after);
         normalize(s);
-        // Pages from the first moved row's page on no longer hold the rows of
-        // their token ids: they are never offered to the prefix cache again.
-        const std::size_t identity = first_moved * std::size_t(page_size_);
-        s.tokens.resize(std::min(s.tokens.size(), identity));
-        s.hashes.resize(std::min(s.hashes.size(), first_moved));
+        forget_tokens_past_identity(s);
         const std::size_t pages_before = s.pages.size();
         release_pages_past(s, stored_rows(s));
         compaction_releases_ += pages_before - s.pages.size();
@@ -973,15 +998,14 @@ private:
                 " overflows int");
         const int old = s.length;
         const int needed = static_cast<int>(pages_for(stored_rows(s) + n) - s.pages.size());
-        // New rows land from each layer's own end on: in a compacted sequence
-        // whose layers keep different counts, that is inside earlier pages too.
-        const int touched = n > 0 ? (s.length - most_dropped(s)) / page_size_ : static_cast<int>(s.pages.size());
+        const std::vector<char> landing = pages_landed_in(s, n);
         int copies = 0;
-        for (int i = touched; i < static_cast<int>(s.pages.size()); ++i) copies += pool_.shared(s.pages[i]) ? 1 : 0;
+        for (std::size_t i = 0; i < landing.size(); ++i) copies += landing[i] && pool_.shared(s.pages[i]) ? 1 : 0;
         require_pages(needed + copies, id);
         publish_pages(s, old);  // rows below the old length were written in earlier steps
-        for (int i = touched; i < static_cast<int>(s.pages.size()); ++i) {
-            if (pool_.shared(s.pages[i])) make_private(s, i, stream);
+        for (std::size_t i = 0; i < landing.size(); ++i) {
+            if (!landing[i]) continue;
+            if (pool_.shared(s.pages[i])) make_private(s, static_cast<int>(i), stream);
             tier_.unlink_primary(s.pages[i]);  // new rows land in it
         }
         for (int i = 0; i < needed; ++i) s.pages.push_back(allocate_page(stream));
@@ -1026,13 +1050,6 @@ private:
 
     std::vector<std::int32_t> tokens_of(sequence_id id) const { return sequences_.at(id).tokens; }
 
-    /// Leading positions stored at their own row (whose pages a restored
-    /// compacted sequence may offer to the prefix cache): whole pages only.
-    std::ptrdiff_t identity_rows(span<const int> positions) const {
-        std::size_t i = 0;
-        while (i < positions.size() && positions[i] == static_cast<int>(i)) ++i;
-        return static_cast<std::ptrdiff_t>(i / std::size_t(page_size_) * std::size_t(page_size_));
-    }
 
     detail::file_header header() const {
         detail::file_header h;
@@ -1065,7 +1082,8 @@ private:
                 s.compaction.assign(std::size_t(layers_), kept);
                 s.length = r.length;
                 normalize(s);
-                s.tokens.assign(r.tokens.begin(), r.tokens.begin() + std::min<std::ptrdiff_t>(r.tokens.size(), identity_rows(r.positions)));
+                s.tokens.assign(r.tokens.begin(), r.tokens.end());
+                forget_tokens_past_identity(s);
                 for (std::size_t i = 0; i < pages_for(r.present()); ++i) s.pages.push_back(allocate_page());
             } else {
                 append_positions(id, r.length, r.tokens.data(), static_cast<int>(r.tokens.size()));

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -653,6 +654,37 @@ private:
         }
     };
 
+    /// The layer_rows of a compacted sequence, behind a pointer so that every
+    /// other sequence's bookkeeping grows by one pointer only (what a load of
+    /// many small records allocates is bounded by it); copies are deep (fork).
+    class layer_table {
+    public:
+        layer_table() = default;
+        layer_table(const layer_table& other)
+            : rows_(other.rows_ ? std::make_unique<std::vector<layer_rows>>(*other.rows_) : nullptr) {}
+        layer_table(layer_table&&) noexcept = default;
+        layer_table& operator=(layer_table other) noexcept {
+            rows_ = std::move(other.rows_);
+            return *this;
+        }
+        layer_table& operator=(std::vector<layer_rows> rows) {
+            rows_ = std::make_unique<std::vector<layer_rows>>(std::move(rows));
+            return *this;
+        }
+        bool empty() const noexcept { return !rows_; }
+        void clear() noexcept { rows_.reset(); }
+        const std::vector<layer_rows>& rows() const { return *rows_; }
+        layer_rows& operator[](std::size_t layer) { return (*rows_)[layer]; }
+        const layer_rows& operator[](std::size_t layer) const { return (*rows_)[layer]; }
+        layer_rows* begin() noexcept { return rows_ ? rows_->data() : nullptr; }
+        layer_rows* end() noexcept { return rows_ ? rows_->data() + rows_->size() : nullptr; }
+        const layer_rows* begin() const noexcept { return rows_ ? rows_->data() : nullptr; }
+        const layer_rows* end() const noexcept { return rows_ ? rows_->data() + rows_->size() : nullptr; }
+
+    private:
+        std::unique_ptr<std::vector<layer_rows>> rows_;
+    };
+
     struct state {
         int length = 0;
         std::vector<int> pages;
@@ -660,7 +692,7 @@ private:
         std::vector<std::uint64_t> hashes; // chained hash of each full page with known tokens
         bool swapped = false;              // the rows are in the host tier (host_pages), pages is empty
         std::vector<int> host_pages;       // host-tier page ids in position order while swapped
-        std::vector<layer_rows> compaction;  // per layer once compacted; empty: storage row == position everywhere
+        layer_table compaction;            // per layer once compacted; empty: storage row == position everywhere
     };
 
     /// The sequence's state; invalid_argument, naming what was asked, while it is swapped out.
@@ -882,7 +914,7 @@ private:
     void compact_layers(sequence_id id, const std::vector<int>& layers, const std::vector<const std::vector<int>*>& lists) {
         state& s = resident(id, "compact");
         // The new stored positions of each listed layer.
-        std::vector<layer_rows> after = s.compaction.empty() ? std::vector<layer_rows>(std::size_t(layers_)) : s.compaction;
+        std::vector<layer_rows> after = s.compaction.empty() ? std::vector<layer_rows>(std::size_t(layers_)) : s.compaction.rows();
         for (std::size_t k = 0; k < layers.size(); ++k) {
             const int layer = layers[k];
             const std::vector<int>& kept = *lists[k];
@@ -1079,7 +1111,7 @@ private:
                 layer_rows kept;
                 kept.kept.assign(r.positions.begin(), r.positions.end());
                 kept.dropped = r.length - r.present();
-                s.compaction.assign(std::size_t(layers_), kept);
+                s.compaction = std::vector<layer_rows>(std::size_t(layers_), kept);
                 s.length = r.length;
                 normalize(s);
                 s.tokens.assign(r.tokens.begin(), r.tokens.end());

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/backend/reference.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 
 namespace {
@@ -258,8 +259,15 @@ TEST_CASE("appends after a compaction copy the shared pages they land in, also e
     cache.compact(a, 1, {0, 1});  // layer 1 keeps 2 rows; layer 0 all 16: no page is released
     m.keep(1, {0, 1});
     const auto copies = cache.statistics().copies;
+    // Through a plan and the append kernel, which write through the view: the
+    // reservation alone must have copied what they write into.
     const auto more = tokens_from(800, 1);
-    append_tokens(cache, a, more);  // layer 0: row 16 (a new page); layer 1: row 2, in cached page 0
+    const auto plan = cache.plan_with_tokens({a}, {more});  // layer 0: row 16 (a new page); layer 1: row 2, in cached page 0
+    const std::vector<int> offsets = {0, 1};
+    for (int l = 0; l < layers; ++l) {
+        const auto keys = rows_of(more, 16, l, false), values = rows_of(more, 16, l, true);
+        kvcache::reference_backend{}.append(kvcache::append_params(plan.view(l), keys, values, offsets));
+    }
     m.append(more);
     check_sequence(cache, a, m);
     CHECK(cache.statistics().copies == copies + 1);

@@ -105,6 +105,19 @@ private:
     std::size_t row_bytes_;
 };
 
+/// Rows [token][row] of tokens at positions first, first + 1, ...: each
+/// value a function of (token, position, layer) only, so equal token
+/// prefixes hold equal rows (what the prefix cache relies on).
+inline std::vector<float> token_rows(const std::vector<std::int32_t>& tokens, int first, int layer, bool is_value,
+                                     int row) {
+    std::vector<float> out;
+    for (std::size_t t = 0; t < tokens.size(); ++t)
+        for (int i = 0; i < row; ++i)
+            out.push_back(static_cast<float>((tokens[t] * 131 + (first + int(t)) * 17 + layer * 7 + i * 3 +
+                                              (is_value ? 5 : 0)) % 251) / 8.0f);
+    return out;
+}
+
 /// Positions 0..n-1.
 inline std::vector<int> iota(int n) {
     std::vector<int> out(n);

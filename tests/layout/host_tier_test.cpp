@@ -25,17 +25,8 @@ using cache_type = kvcache::paged_cache<float, heads>;
 constexpr int page = 4, layers = 2;
 constexpr int row = heads::kv_heads() * heads::head_dim;
 
-/// The row a token gets: a function of (token, position, layer) only, so equal
-/// token prefixes hold equal rows (what the prefix cache relies on).
-float value_of(std::int32_t token, int position, int layer, int i, bool is_value) {
-    return static_cast<float>((token * 131 + position * 17 + layer * 7 + i * 3 + (is_value ? 5 : 0)) % 251) / 8.0f;
-}
-
 std::vector<float> rows_of(const std::vector<std::int32_t>& tokens, int first, int layer, bool is_value) {
-    std::vector<float> out;
-    for (std::size_t t = 0; t < tokens.size(); ++t)
-        for (int i = 0; i < row; ++i) out.push_back(value_of(tokens[t], first + int(t), layer, i, is_value));
-    return out;
+    return test_support::token_rows(tokens, first, layer, is_value, row);
 }
 
 /// Appends tokens to every layer (layer 0 reserves, with the token ids for the prefix cache).

@@ -26,6 +26,8 @@ struct pool_statistics {
     std::uint64_t prefix_hit_pages = 0;      ///< of those, pages found in the index and shared
     std::uint64_t evictions = 0;             ///< cached pages reclaimed for new data
     std::uint64_t copies = 0;                ///< pages copied on write
+    std::uint64_t pages_released_by_compaction = 0; ///< pages compact() gave back (no layer's kept rows reach them)
+    std::uint64_t rows_moved_by_compaction = 0;     ///< rows (of one layer, every KV head) compact() moved down
     std::size_t bytes_reserved = 0;          ///< bytes of every page of every layer
     std::size_t bytes_used = 0;              ///< bytes of referenced pages
     std::size_t bytes_cached = 0;            ///< bytes of evictable cached pages

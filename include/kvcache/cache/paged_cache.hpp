@@ -1,10 +1,15 @@
 // Owner of the paged layout: per layer a pool of pages (head-major inside),
 // one page table per sequence (the same page ids in every layer), copy on
-// write for shared pages, and a prefix cache of full pages.
+// write for shared pages, a prefix cache of full pages, and compaction: a
+// sequence keeps chosen rows per layer at their true positions and gives
+// back the pages no layer needs any more.
 #pragma once
 
 #include <algorithm>
+#include <climits>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -255,7 +260,8 @@ public:
         state& s = resident(id, "write");
         base::check_range(id, first, n, s.length);
         if (n == 0) return;
-        const int first_page = first / page_size_, last_page = (first + n - 1) / page_size_;
+        const int row = stored_row(s, id, layer, first, n, "write");
+        const int first_page = row / page_size_, last_page = (row + n - 1) / page_size_;
         int copies = 0;
         for (int i = first_page; i <= last_page; ++i) copies += pool_.shared(s.pages[i]) ? 1 : 0;
         require_pages(copies, id);
@@ -263,7 +269,7 @@ public:
             if (pool_.shared(s.pages[i])) make_private(s, i);
             tier_.unlink_primary(s.pages[i]);  // its rows change: a host copy no longer matches
         }
-        for_each_page_segment(s, first, n, [&](std::int64_t at, std::size_t src, std::int64_t head_stride, int count) {
+        for_each_page_segment(s, row, n, [&](std::int64_t at, std::size_t src, std::int64_t head_stride, int count) {
             detail::scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride, keys + src, count, this->kv_heads());
             detail::scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride, values + src, count,
                                                          this->kv_heads());
@@ -279,17 +285,19 @@ public:
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
+        if (n == 0) return;
+        const int row = stored_row(s, id, layer, first, n, "read");
         if (s.swapped) {  // from the host tier (save() of a preempted sequence works too)
             Memory::synchronize();  // the swap's copies may still be in flight on its stream
             const auto& tier = tier_;
-            for_each_page_segment(s.host_pages, first, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
+            for_each_page_segment(s.host_pages, row, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
                 detail::gather_rows<Element, Heads, host_memory>(keys + dst, tier.keys(layer, 0) + at, head_stride, count, this->kv_heads());
                 detail::gather_rows<Element, Heads, host_memory>(values + dst, tier.values(layer, 0) + at, head_stride, count,
                                                                  this->kv_heads());
             });
             return;
         }
-        for_each_page_segment(s, first, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
+        for_each_page_segment(s, row, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
             detail::gather_rows<Element, Heads, Memory>(keys + dst, keys_[layer].data() + at, head_stride, count, this->kv_heads());
             detail::gather_rows<Element, Heads, Memory>(values + dst, values_[layer].data() + at, head_stride, count,
                                                         this->kv_heads());
@@ -297,17 +305,79 @@ public:
     }
 
     /// Shortens the sequence, releasing pages past the new end; out_of_range
-    /// when new_length is past the end.
+    /// when new_length is past the end. A compacted sequence drops, in every
+    /// layer, the rows of positions at or past new_length (the next append
+    /// lands at position new_length).
     void truncate(sequence_id id, int new_length) {
         state& s = resident(id, "truncate");
         base::check_truncate(id, new_length, s.length);
-        const std::size_t keep = pages_for(new_length);
-        for (std::size_t i = keep; i < s.pages.size(); ++i) pool_.release(s.pages[i]);
-        s.pages.resize(keep);
+        for (layer_rows& r : s.compaction) {
+            if (new_length >= r.tail_start()) continue;  // only rows appended since the compaction go
+            const std::size_t stay = std::lower_bound(r.kept.begin(), r.kept.end(), new_length) - r.kept.begin();
+            r.kept.resize(stay);
+            r.dropped = new_length - static_cast<int>(stay);
+        }
+        s.length = new_length;
+        normalize(s);
+        release_pages_past(s, stored_rows(s));
         s.tokens.resize(std::min<std::size_t>(s.tokens.size(), new_length));
         s.hashes.resize(std::min<std::size_t>(s.hashes.size(), new_length / page_size_));
-        s.length = new_length;
     }
+
+    /// Keeps, in one layer of the sequence, only the rows at the visible
+    /// indices `kept` (ascending, no repeats, each below visible_count(id,
+    /// layer); a visible index is a row's rank among the layer's present
+    /// positions, the index attention's views use). The kept rows move in
+    /// order to the front of the sequence's storage and keep their true
+    /// positions; length(id), the next token's position, does not change, and
+    /// tokens appended later land after the kept rows. Pages shared with a
+    /// fork, a prefix hit or the prefix cache are copied before a row moves
+    /// into them; pages no layer's rows reach any more are released. The
+    /// sequence's pages from the first moved row on are no longer offered to
+    /// the prefix cache (they no longer hold its token ids' rows).
+    /// Throws, with nothing changed: not_found (unknown id), out_of_range (a
+    /// bad layer or index), invalid_argument (indices not ascending or
+    /// repeated, a swapped-out sequence), capacity_exceeded (no page for a copy on write).
+    void compact(sequence_id id, int layer, const std::vector<int>& kept) {
+        this->check_layer(layer);
+        compact_layers(id, {layer}, {&kept});
+    }
+
+    /// compact() of every layer at once: kept[l] is layer l's list (layers
+    /// may keep different rows and counts; pages are released only past the
+    /// rows of the layer that keeps the most, since the page table is shared
+    /// by all layers). All or nothing: a bad list changes no layer.
+    void compact(sequence_id id, const std::vector<std::vector<int>>& kept) {
+        require(static_cast<int>(kept.size()) == layers_, error_code::invalid_argument, "compact of sequence ", id,
+                " got ", kept.size(), " lists of kept rows for ", layers_, " layers");
+        std::vector<int> layers;
+        std::vector<const std::vector<int>*> lists;
+        for (int l = 0; l < layers_; ++l) {
+            layers.push_back(l);
+            lists.push_back(&kept[std::size_t(l)]);
+        }
+        compact_layers(id, layers, lists);
+    }
+
+    /// Rows the sequence stores in one layer: its present positions there
+    /// (length(id) until a compaction drops some).
+    int visible_count(sequence_id id, int layer) const {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        return s.length - rows_of_layer(s, layer).dropped;
+    }
+    /// The positions of the rows one layer stores, ascending (visible index i
+    /// holds the i-th): what a policy's visible indices refer to.
+    std::vector<int> present_positions(sequence_id id, int layer) const {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        const layer_rows& r = rows_of_layer(s, layer);
+        std::vector<int> out(std::size_t(s.length - r.dropped));
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = r.position_at(static_cast<int>(i));
+        return out;
+    }
+    /// True while some layer of the sequence holds fewer rows than its length.
+    bool compacted(sequence_id id) const { return !sequences_.at(id).compaction.empty(); }
 
     /// A new sequence sharing every page of id (reference counts + 1); the
     /// first write into a shared page by either side copies that page.
@@ -436,8 +506,20 @@ public:
         s.swapped = false;
     }
 
-    /// Positions a kernel may read: all of [0, length).
-    std::vector<int> present_positions(sequence_id id) const { return base::all_positions(this->length(id)); }
+    /// Positions a kernel may read: all of [0, length) unless the sequence
+    /// was compacted, then those of its layers, which must agree (what save()
+    /// records): invalid_argument when layers keep different positions.
+    std::vector<int> present_positions(sequence_id id) const {
+        const state& s = sequences_.at(id);
+        if (s.compaction.empty()) return base::all_positions(s.length);
+        std::vector<int> first = present_positions(id, 0);
+        for (int l = 1; l < layers_; ++l)
+            require(present_positions(id, l) == first, error_code::invalid_argument, "sequence ", id,
+                    " keeps different positions in different layers (layer 0 keeps ", first.size(), ", layer ", l,
+                    " keeps ", visible_count(id, l), " of ", s.length,
+                    "): a saved record holds one set of positions for every layer");
+        return first;
+    }
 
     /// The view of one layer over a batch, with the CSR page table in the
     /// cache's memory space. Valid until the cache changes or a view of a
@@ -445,33 +527,69 @@ public:
     /// table); a step_plan's views (plan()) have no such limit.
     view_type view(int layer, const std::vector<sequence_id>& batch) {
         this->check_layer(layer);
-        view_type v = view_over(layer, table_.upload(view_table(batch)), static_cast<int>(batch.size()));
+        const std::vector<int> table = view_table(batch);
+        view_type v = view_over(layer, table_.upload(table), static_cast<int>(batch.size()), table.data());
         v.sequence_ids = table_.label(batch);
         return v;
     }
 
     /// The index table a view of batch reads: lengths [n], page offsets
-    /// [n + 1], then the page ids of each sequence.
+    /// [n + 1], the page ids of each sequence, then 0 when no sequence of
+    /// the batch is compacted, else 1, where each layer's section starts [L],
+    /// and per layer its section: dropped positions [n], offsets [n + 1]
+    /// into the kept positions that follow (see paged_view).
     std::vector<int> view_table(const std::vector<sequence_id>& batch) const {
         sequences_.require_all(batch);
         const std::size_t n = batch.size();
         std::vector<int> table(2 * n + 1);
+        bool any_compacted = false;
         for (std::size_t i = 0; i < n; ++i) {
             const state& s = resident(batch[i], "attend to");
             table[i] = s.length;
             table[n + 1 + i] = table[n + i] + static_cast<int>(s.pages.size());
             table.insert(table.end(), s.pages.begin(), s.pages.end());
+            any_compacted = any_compacted || !s.compaction.empty();
+        }
+        table.push_back(any_compacted ? 1 : 0);
+        if (!any_compacted) return table;
+        const std::size_t starts = table.size();
+        table.resize(starts + std::size_t(layers_));
+        for (int l = 0; l < layers_; ++l) {
+            table[starts + std::size_t(l)] = static_cast<int>(table.size());
+            const std::size_t dropped = table.size();
+            table.resize(dropped + 2 * n + 1);
+            for (std::size_t i = 0; i < n; ++i) {
+                const layer_rows& r = rows_of_layer(sequences_.at(batch[i]), l);
+                table[dropped + i] = r.dropped;
+                table[dropped + n + 1 + i] = table[dropped + n + i] + static_cast<int>(r.kept.size());
+                table.insert(table.end(), r.kept.begin(), r.kept.end());
+            }
         }
         return table;
     }
 
     /// The view of one layer whose index table (view_table()'s contents, in
-    /// the cache's memory space) the caller keeps at table, for n entries.
-    view_type view_over(int layer, const int* table, int n) {
+    /// the cache's memory space) the caller keeps at table, for n entries;
+    /// host_table is the same table in host memory (it says where the
+    /// layer's compaction section starts). A host cache may pass null: the
+    /// table itself is read then; a device cache must pass it.
+    view_type view_over(int layer, const int* table, int n, const int* host_table = nullptr) {
         this->check_layer(layer);
+        if constexpr (Memory::space == memory_space::host) {
+            if (!host_table) host_table = table;
+        }
+        require(host_table != nullptr || n == 0, error_code::invalid_argument,
+                "view_over of a device cache needs the index table's host copy");
         view_type v = view_type::packed(keys_[layer].data(), values_[layer].data(), table + n, table + 2 * n + 1, table, n,
                                  page_size_, this->head_counts());
         v.scales = this->scales(layer);
+        if (n == 0 || !table) return v;
+        const int marker = 2 * n + 1 + host_table[2 * n];
+        if (host_table[marker] == 0) return v;
+        const int section = host_table[marker + 1 + layer];
+        v.dropped = table + section;
+        v.kept_offsets = table + section + n;
+        v.kept_positions = table + section + 2 * n + 1;
         return v;
     }
 
@@ -487,6 +605,8 @@ public:
         st.prefix_hit_pages = hits_;
         st.evictions = pool_.evictions();
         st.copies = copies_;
+        st.pages_released_by_compaction = compaction_releases_;
+        st.rows_moved_by_compaction = rows_moved_;
         const std::size_t page_bytes = std::size_t(layers_) * 2 * std::size_t(page_elements()) * sizeof(Element);
         st.bytes_reserved = page_bytes * st.pages_total;
         st.bytes_used = page_bytes * st.pages_used;
@@ -518,6 +638,56 @@ public:
     std::size_t bytes_used() const { return statistics().bytes_used; }
 
 private:
+    /// Which positions one layer of a compacted sequence stores: rows
+    /// [0, kept.size()) hold the positions in kept, and each later row r
+    /// (appended since) holds position r + dropped.
+    struct layer_rows {
+        std::vector<int> kept;  // ascending; its last entry is never kept.size() - 1 + dropped (normalize())
+        int dropped = 0;        // positions below the tail that are not stored
+
+        int tail_start() const noexcept { return static_cast<int>(kept.size()) + dropped; }
+        int position_at(int row) const noexcept {
+            return row < static_cast<int>(kept.size()) ? kept[std::size_t(row)] : row + dropped;
+        }
+        /// The row holding position, or -1 when it is not stored.
+        int row_at(int position) const noexcept {
+            if (position >= tail_start()) return position - dropped;
+            const auto found = std::lower_bound(kept.begin(), kept.end(), position);
+            return found != kept.end() && *found == position ? static_cast<int>(found - kept.begin()) : -1;
+        }
+    };
+
+    /// The layer_rows of a compacted sequence, behind a pointer so that every
+    /// other sequence's bookkeeping grows by one pointer only (what a load of
+    /// many small records allocates is bounded by it); copies are deep (fork).
+    class layer_table {
+    public:
+        layer_table() = default;
+        layer_table(const layer_table& other)
+            : rows_(other.rows_ ? std::make_unique<std::vector<layer_rows>>(*other.rows_) : nullptr) {}
+        layer_table(layer_table&&) noexcept = default;
+        layer_table& operator=(layer_table other) noexcept {
+            rows_ = std::move(other.rows_);
+            return *this;
+        }
+        layer_table& operator=(std::vector<layer_rows> rows) {
+            rows_ = std::make_unique<std::vector<layer_rows>>(std::move(rows));
+            return *this;
+        }
+        bool empty() const noexcept { return !rows_; }
+        void clear() noexcept { rows_.reset(); }
+        const std::vector<layer_rows>& rows() const { return *rows_; }
+        layer_rows& operator[](std::size_t layer) { return (*rows_)[layer]; }
+        const layer_rows& operator[](std::size_t layer) const { return (*rows_)[layer]; }
+        layer_rows* begin() noexcept { return rows_ ? rows_->data() : nullptr; }
+        layer_rows* end() noexcept { return rows_ ? rows_->data() + rows_->size() : nullptr; }
+        const layer_rows* begin() const noexcept { return rows_ ? rows_->data() : nullptr; }
+        const layer_rows* end() const noexcept { return rows_ ? rows_->data() + rows_->size() : nullptr; }
+
+    private:
+        std::unique_ptr<std::vector<layer_rows>> rows_;
+    };
+
     struct state {
         int length = 0;
         std::vector<int> pages;
@@ -525,6 +695,7 @@ private:
         std::vector<std::uint64_t> hashes; // chained hash of each full page with known tokens
         bool swapped = false;              // the rows are in the host tier (host_pages), pages is empty
         std::vector<int> host_pages;       // host-tier page ids in position order while swapped
+        layer_table compaction;            // per layer once compacted; empty: storage row == position everywhere
     };
 
     /// The sequence's state; invalid_argument, naming what was asked, while it is swapped out.
@@ -660,9 +831,170 @@ private:
 
     std::size_t pages_for(int length) const { return (std::size_t(length) + page_size_ - 1) / page_size_; }
 
+    /// One layer's stored positions (row == position when never compacted).
+    const layer_rows& rows_of_layer(const state& s, int layer) const {
+        static const layer_rows every_position{};
+        return s.compaction.empty() ? every_position : s.compaction[std::size_t(layer)];
+    }
+    /// The fewest positions a layer of s no longer stores.
+    int fewest_dropped(const state& s) const {
+        int d = s.compaction.empty() ? 0 : INT_MAX;
+        for (const layer_rows& r : s.compaction) d = std::min(d, r.dropped);
+        return d;
+    }
+    /// Which of s's pages the rows of n new tokens land in: each layer's go
+    /// after its own rows, so with layers of different counts, earlier pages too.
+    std::vector<char> pages_landed_in(const state& s, int n) const {
+        std::vector<char> landing(s.pages.size(), 0);
+        const auto mark = [&](int dropped) {
+            const int rows = s.length - dropped;
+            for (std::size_t i = std::size_t(rows / page_size_); i < landing.size() && n > 0 &&
+                                                                 i <= std::size_t((rows + n - 1) / page_size_); ++i)
+                landing[i] = 1;
+        };
+        if (s.compaction.empty()) mark(0);
+        for (const layer_rows& r : s.compaction) mark(r.dropped);
+        return landing;
+    }
+    /// Rows of the layer that stores the most: what s's pages must hold.
+    int stored_rows(const state& s) const { return s.length - fewest_dropped(s); }
+
+    /// Storage row of position first of one layer, after checking that all
+    /// of positions [first, first + n) (n > 0, inside the length) are stored
+    /// there; their rows are then consecutive.
+    int stored_row(const state& s, sequence_id id, int layer, int first, int n, const char* op) const {
+        const layer_rows& r = rows_of_layer(s, layer);
+        const int row = r.row_at(first), last = r.row_at(first + n - 1);
+        if (row >= 0 && last - row == n - 1) return row;
+        int missing = first;  // name the first position that is not stored
+        while (r.row_at(missing) >= 0) ++missing;
+        throw_error(error_code::out_of_range, op, " of positions [", first, ", ", first + n, ") of sequence ", id,
+                    ", layer ", layer, ": position ", missing, " is not stored (compaction kept ",
+                    s.length - r.dropped, " of its ", s.length, " positions)");
+    }
+
+    /// Absorbs kept rows that continue into the tail, and forgets the
+    /// compaction once every layer stores every position again.
+    static void normalize(state& s) {
+        bool all = true;
+        for (layer_rows& r : s.compaction) {
+            while (!r.kept.empty() && r.kept.back() == static_cast<int>(r.kept.size()) - 1 + r.dropped) r.kept.pop_back();
+            all = all && r.kept.empty() && r.dropped == 0;
+        }
+        if (all) s.compaction.clear();
+    }
+
+    /// Storage rows [0, n) of s that hold position == row in every layer and
+    /// always will (later rows land after a compacted layer's kept ones).
+    static std::size_t identity_rows(const state& s) {
+        std::size_t n = SIZE_MAX;
+        for (const layer_rows& r : s.compaction) {
+            if (r.dropped == 0) continue;  // a layer that stores every position
+            std::size_t j = 0;
+            while (j < r.kept.size() && r.kept[j] == static_cast<int>(j)) ++j;
+            n = std::min(n, j);
+        }
+        return n;
+    }
+    /// A compacted sequence's pages past its identity rows no longer hold the
+    /// rows of their token ids (or will not once appended to): it forgets
+    /// those token ids, so the pages are never offered to the prefix cache.
+    void forget_tokens_past_identity(state& s) const {
+        const std::size_t identity = identity_rows(s);
+        s.tokens.resize(std::min(s.tokens.size(), identity));
+        s.hashes.resize(std::min(s.hashes.size(), identity / std::size_t(page_size_)));
+    }
+
+    /// Releases s's pages past those rows [0, rows) need.
+    void release_pages_past(state& s, int rows) {
+        const std::size_t keep = pages_for(rows);
+        for (std::size_t i = keep; i < s.pages.size(); ++i) pool_.release(s.pages[i]);
+        if (keep < s.pages.size()) s.pages.resize(keep);
+    }
+
+    /// compact() of the listed layers: everything is checked (and the pages
+    /// copies on write need counted) before anything changes.
+    void compact_layers(sequence_id id, const std::vector<int>& layers, const std::vector<const std::vector<int>*>& lists) {
+        state& s = resident(id, "compact");
+        // The new stored positions of each listed layer.
+        std::vector<layer_rows> after = s.compaction.empty() ? std::vector<layer_rows>(std::size_t(layers_)) : s.compaction.rows();
+        for (std::size_t k = 0; k < layers.size(); ++k) {
+            const int layer = layers[k];
+            const std::vector<int>& kept = *lists[k];
+            const layer_rows& before = rows_of_layer(s, layer);
+            const int rows = s.length - before.dropped;
+            layer_rows& r = after[std::size_t(layer)];
+            r.kept.clear();
+            for (std::size_t j = 0; j < kept.size(); ++j) {
+                require(kept[j] >= 0 && kept[j] < rows, error_code::out_of_range, "compact of sequence ", id, ", layer ",
+                        layer, ": kept[", j, "] = ", kept[j], " is outside its visible rows [0, ", rows, ")");
+                require(j == 0 || kept[j] > kept[j - 1], error_code::invalid_argument, "compact of sequence ", id,
+                        ", layer ", layer, ": kept[", j, "] = ", kept[j], " does not ascend past kept[", j - 1, "] = ",
+                        kept[j - 1], " (indices must be ascending, without repeats)");
+                r.kept.push_back(before.position_at(kept[j]));
+            }
+            r.dropped = s.length - static_cast<int>(kept.size());
+        }
+        // Rows move down to the front: each destination page that someone else
+        // can see (a fork, a prefix hit, the prefix cache) is copied first.
+        std::vector<char> touched(s.pages.size(), 0);
+        for (std::size_t k = 0; k < layers.size(); ++k) {
+            const std::vector<int>& kept = *lists[k];
+            for (std::size_t j = 0; j < kept.size(); ++j)
+                if (kept[j] != static_cast<int>(j)) touched[j / std::size_t(page_size_)] = 1;
+        }
+        int copies = 0;
+        for (std::size_t i = 0; i < touched.size(); ++i) copies += touched[i] && pool_.shared(s.pages[i]) ? 1 : 0;
+        require_pages(copies, id);
+
+        for (std::size_t i = 0; i < touched.size(); ++i) {
+            if (!touched[i]) continue;
+            if (pool_.shared(s.pages[i])) make_private(s, static_cast<int>(i));
+            tier_.unlink_primary(s.pages[i]);  // its rows change: a host copy no longer matches
+        }
+        for (std::size_t k = 0; k < layers.size(); ++k) move_rows(s, layers[k], *lists[k]);
+        s.compaction = std::move(after);
+        normalize(s);
+        forget_tokens_past_identity(s);
+        const std::size_t pages_before = s.pages.size();
+        release_pages_past(s, stored_rows(s));
+        compaction_releases_ += pages_before - s.pages.size();
+    }
+
+    /// Moves row kept[j] of one layer to row j, front to back (a row only
+    /// moves down, so none is overwritten before it moved), in pieces that
+    /// neither cross a page nor overlap their source.
+    void move_rows(const state& s, int layer, const std::vector<int>& kept) {
+        const int dim = Heads::head_dim;
+        const std::int64_t head_stride = std::int64_t(page_size_) * dim;
+        const auto at = [&](int row) {
+            return s.pages[std::size_t(row / page_size_)] * page_elements() + std::int64_t(row % page_size_) * dim;
+        };
+        for (int j = 0; j < static_cast<int>(kept.size());) {
+            const int from = kept[std::size_t(j)];
+            if (from == j) {
+                ++j;
+                continue;
+            }
+            int count = 1;
+            const int limit = std::min({from - j, page_size_ - j % page_size_, page_size_ - from % page_size_});
+            while (count < limit && j + count < static_cast<int>(kept.size()) && kept[std::size_t(j + count)] == from + count)
+                ++count;
+            const std::size_t bytes = std::size_t(count) * dim * sizeof(Element);
+            for (int h = 0; h < this->kv_heads(); ++h) {
+                Memory::copy_within(keys_[layer].data() + at(j) + h * head_stride, keys_[layer].data() + at(from) + h * head_stride, bytes);
+                Memory::copy_within(values_[layer].data() + at(j) + h * head_stride,
+                                    values_[layer].data() + at(from) + h * head_stride, bytes);
+            }
+            rows_moved_ += std::uint64_t(count);
+            j += count;
+        }
+    }
+
     /// Calls f(at, host_offset, head_stride, count) for each page-long piece of
-    /// positions [first, first + n) of s: at is the piece's first element in a
-    /// layer's pool, host_offset the matching element of a [token][kv_head][head_dim] array.
+    /// storage rows [first, first + n) of s (the positions, unless it was
+    /// compacted): at is the piece's first element in a layer's pool,
+    /// host_offset the matching element of a [token][kv_head][head_dim] array.
     template <class F>
     void for_each_page_segment(const state& s, int first, int n, F&& f) const {
         for_each_page_segment(s.pages, first, n, f);
@@ -700,12 +1032,17 @@ private:
         require(n <= 0x7fffffff - s.length, error_code::capacity_exceeded, "length ", s.length, " + ", n,
                 " overflows int");
         const int old = s.length;
-        const int needed = static_cast<int>(pages_for(old + n) - s.pages.size());
-        const bool copy_last = n > 0 && old % page_size_ != 0 && pool_.shared(s.pages.back());
-        require_pages(needed + (copy_last ? 1 : 0), id);
+        const int needed = static_cast<int>(pages_for(stored_rows(s) + n) - s.pages.size());
+        const std::vector<char> landing = pages_landed_in(s, n);
+        int copies = 0;
+        for (std::size_t i = 0; i < landing.size(); ++i) copies += landing[i] && pool_.shared(s.pages[i]) ? 1 : 0;
+        require_pages(needed + copies, id);
         publish_pages(s, old);  // rows below the old length were written in earlier steps
-        if (copy_last) make_private(s, static_cast<int>(s.pages.size()) - 1, stream);
-        if (n > 0 && old % page_size_ != 0) tier_.unlink_primary(s.pages.back());  // new rows land in it
+        for (std::size_t i = 0; i < landing.size(); ++i) {
+            if (!landing[i]) continue;
+            if (pool_.shared(s.pages[i])) make_private(s, static_cast<int>(i), stream);
+            tier_.unlink_primary(s.pages[i]);  // new rows land in it
+        }
         for (int i = 0; i < needed; ++i) s.pages.push_back(allocate_page(stream));
         if (static_cast<int>(s.tokens.size()) == old) s.tokens.insert(s.tokens.end(), tokens, tokens + token_count);
         s.length = old + n;
@@ -748,6 +1085,7 @@ private:
 
     std::vector<std::int32_t> tokens_of(sequence_id id) const { return sequences_.at(id).tokens; }
 
+
     detail::file_header header() const {
         detail::file_header h;
         h.layout = kind;
@@ -758,14 +1096,11 @@ private:
         return h;
     }
 
+    /// Loads records; one holding fewer positions than its length (a
+    /// compacted sequence's) comes back compacted the same in every layer.
     std::vector<sequence_id> restore(const detail::file_records<Element>& records) {
-        std::size_t needed = 0, index = 0;
-        for (const auto& r : records) {
-            require(r.present() == r.length, error_code::format_error, "sequence ", index, " of ", records.size(),
-                    ": a paged record of length ", r.length, " must hold every position, it holds ", r.present());
-            needed += pages_for(r.length);
-            ++index;
-        }
+        std::size_t needed = 0;
+        for (const auto& r : records) needed += pages_for(r.present());
         require(needed <= std::size_t(pool_.available()), error_code::capacity_exceeded, "loading needs ", needed,
                 " pages; the pool of ", pool_.size(), " has ", pool_.free_count(), " free and ",
                 pool_.evictable_count(), " evictable");
@@ -774,9 +1109,26 @@ private:
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);
-            append_positions(id, r.length, r.tokens.data(), static_cast<int>(r.tokens.size()));
-            for (int l = 0; l < layers_; ++l)
-                write(id, l, 0, span<const Element>(r.keys(l), r.plane), span<const Element>(r.values(l), r.plane), r.length);
+            state& s = sequences_.at(id);
+            if (r.present() < r.length) {  // positions the reader checked ascend inside [0, length)
+                layer_rows kept;
+                kept.kept.assign(r.positions.begin(), r.positions.end());
+                kept.dropped = r.length - r.present();
+                s.compaction = std::vector<layer_rows>(std::size_t(layers_), kept);
+                s.length = r.length;
+                normalize(s);
+                s.tokens.assign(r.tokens.begin(), r.tokens.end());
+                forget_tokens_past_identity(s);
+                for (std::size_t i = 0; i < pages_for(r.present()); ++i) s.pages.push_back(allocate_page());
+            } else {
+                append_positions(id, r.length, r.tokens.data(), static_cast<int>(r.tokens.size()));
+            }
+            const std::size_t row = this->token_row();
+            base::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
+                for (int l = 0; l < layers_; ++l)
+                    write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),
+                          span<const Element>(r.values(l) + i * row, (j - i) * row), static_cast<int>(j - i));
+            });
             publish(id);
         }
         return ids;
@@ -795,6 +1147,7 @@ private:
     std::uint64_t pool_misses_ = 0, host_misses_ = 0, disk_misses_ = 0;  // match_prefix lookups not found, per tier
     detail::disk_tier<Element> disk_;  // after tier_: pages move host -> disk
     std::uint64_t queried_ = 0, hits_ = 0, copies_ = 0;
+    std::uint64_t compaction_releases_ = 0, rows_moved_ = 0;
 };
 
 }  // namespace kvcache

@@ -169,8 +169,9 @@ public:
     std::vector<int> view_table(const std::vector<sequence_id>& batch) const { return this->length_slot_table(batch); }
 
     /// The view of one layer whose index table (view_table()'s contents, in
-    /// the cache's memory space) the caller keeps at table, for n entries.
-    view_type view_over(int layer, const int* table, int n) {
+    /// the cache's memory space) the caller keeps at table, for n entries
+    /// (the table's host copy, which a paged cache reads, is not needed here).
+    view_type view_over(int layer, const int* table, int n, const int* /*host_table*/ = nullptr) {
         this->check_layer(layer);
         view_type v = view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
                                  sinks_, ring_, window_, this->head_counts());

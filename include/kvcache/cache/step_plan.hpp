@@ -52,7 +52,7 @@ public:
     /// The view of one layer over the plan's tables (valid while the plan is).
     view_type view(int layer) const {
         require(cache_ != nullptr, error_code::invalid_argument, "step_plan::view on an empty plan");
-        view_type v = cache_->view_over(layer, table_data(), size());
+        view_type v = cache_->view_over(layer, table_data(), size(), host_.data());
         v.sequence_ids = batch_.empty() ? nullptr : batch_.data();
         return v;
     }

@@ -44,6 +44,15 @@ enum class page_order : int { head_major = 0, token_major = 1 };
 /// keys[page * page_stride + (row * kv_heads + kv_head) * head_dim] token-major
 /// (values alike).
 /// The page size is a runtime value: one compiled kernel serves every size.
+///
+/// Compacted sequences (paged_cache::compact): with `dropped` set, a
+/// sequence stores visible_count = length - dropped[i] rows, visible index v
+/// in storage row v (page v / page_size, row v % page_size). Its first
+/// k = kept_offsets[i+1] - kept_offsets[i] rows hold the kept positions
+/// kept_positions[kept_offsets[i] ..] (ascending); the rows after them hold
+/// the consecutive positions appended since, so row v >= k holds position
+/// v + dropped[i]. A sequence with dropped 0 and no kept positions is stored
+/// as it was written (row == position); a null `dropped` means that for all.
 /// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, or fp8 read through scales; const for a read-only view)
 /// @tparam Heads a head_config
 /// @tparam Order the in-page order of rows
@@ -62,6 +71,9 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     const int* page_offsets = nullptr;  ///< sequences + 1 entries into page_indices
     const int* page_indices = nullptr;  ///< pool page ids, in position order per sequence
     const int* lengths = nullptr;       ///< tokens held by each batch entry
+    const int* dropped = nullptr;       ///< per batch entry: positions compaction removed; null: none in any entry
+    const int* kept_offsets = nullptr;  ///< with dropped: sequences + 1 entries into kept_positions
+    const int* kept_positions = nullptr;///< with dropped: the positions of each entry's leading kept rows, ascending
     int sequences = 0;                  ///< batch entries
     int page_size = 1;                  ///< tokens per page (>= 1)
     int page_shift = 0;                 ///< log2(page_size) when a power of two, else -1
@@ -92,28 +104,52 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         return v;
     }
 
-    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
-    KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
-
-    /// Position / page_size (a shift for powers of two).
-    KVCACHE_HOST_DEVICE int page_of(int position) const noexcept {
-        return page_shift >= 0 ? position >> page_shift : position / page_size;
+    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept {
+        return dropped ? lengths[seq] - dropped[seq] : lengths[seq];
     }
-    /// Position % page_size.
-    KVCACHE_HOST_DEVICE int row_of(int position) const noexcept {
-        return page_shift >= 0 ? position & (page_size - 1) : position % page_size;
+    KVCACHE_HOST_DEVICE int visible_position(int seq, int i) const noexcept {
+        if (!dropped) return i;
+        const int first = kept_offsets[seq], kept = kept_offsets[seq + 1] - first;
+        return i < kept ? kept_positions[first + i] : i + dropped[seq];
+    }
+    /// Storage row (== visible index) of a present position: the position
+    /// itself unless the sequence was compacted, then a binary search of its
+    /// kept positions or, past them, position - dropped.
+    KVCACHE_HOST_DEVICE int stored_row(int seq, int position) const noexcept {
+        if (!dropped) return position;
+        const int first = kept_offsets[seq], kept = kept_offsets[seq + 1] - first;
+        if (position >= kept + dropped[seq]) return position - dropped[seq];
+        int low = 0, high = kept;
+        while (low < high) {
+            const int middle = (low + high) / 2;
+            if (kept_positions[first + middle] < position) low = middle + 1;
+            else high = middle;
+        }
+        return low;
+    }
+
+    /// Storage row / page_size (a shift for powers of two).
+    KVCACHE_HOST_DEVICE int page_of(int row) const noexcept {
+        return page_shift >= 0 ? row >> page_shift : row / page_size;
+    }
+    /// Storage row % page_size.
+    KVCACHE_HOST_DEVICE int row_of(int row) const noexcept {
+        return page_shift >= 0 ? row & (page_size - 1) : row % page_size;
     }
     /// Pool page id holding the sequence's position.
-    KVCACHE_HOST_DEVICE int page(int seq, int position) const noexcept {
-        return page_indices[page_offsets[seq] + page_of(position)];
-    }
+    KVCACHE_HOST_DEVICE int page(int seq, int position) const noexcept { return page_at(seq, stored_row(seq, position)); }
     /// Element offset of row (seq, kv_head, position) from keys (and from values).
     KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
+        return row_offset(seq, kv_head, stored_row(seq, position));
+    }
+    /// Pool page id holding storage row `row` of the sequence.
+    KVCACHE_HOST_DEVICE int page_at(int seq, int row) const noexcept { return page_indices[page_offsets[seq] + page_of(row)]; }
+    /// Element offset of storage row `row` of (seq, kv_head).
+    KVCACHE_HOST_DEVICE std::int64_t row_offset(int seq, int kv_head, int row) const noexcept {
         if constexpr (Order == page_order::head_major)
-            return page(seq, position) * page_stride + (std::int64_t(kv_head) * page_size + row_of(position)) * Heads::head_dim;
+            return page_at(seq, row) * page_stride + (std::int64_t(kv_head) * page_size + row_of(row)) * Heads::head_dim;
         else
-            return page(seq, position) * page_stride +
-                   (std::int64_t(row_of(position)) * this->kv_heads() + kv_head) * Heads::head_dim;
+            return page_at(seq, row) * page_stride + (std::int64_t(row_of(row)) * this->kv_heads() + kv_head) * Heads::head_dim;
     }
     /// Elements from one row of a page to the next.
     KVCACHE_HOST_DEVICE constexpr int row_stride() const noexcept {
@@ -121,13 +157,29 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         else return this->kv_heads() * Heads::head_dim;
     }
 
-    /// From visible_begin to the end of its page (or of the sequence).
+    /// From visible_begin to the end of its page (or of the sequence); in a
+    /// compacted sequence's kept rows, also no further than its positions
+    /// stay consecutive.
     KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
-        const int n = lengths[seq];
-        if (visible_begin >= n) return this->no_rows(visible_begin, visible_begin, row_stride());
+        const int n = visible_count(seq);
+        const int p = visible_position(seq, visible_begin);
+        if (visible_begin >= n) return this->no_rows(visible_begin, p, row_stride());
         const int to_page_end = page_size - row_of(visible_begin);
-        return this->rows_from(seq, kv_head, visible_begin, visible_begin,
-                               n - visible_begin < to_page_end ? n - visible_begin : to_page_end, row_stride());
+        int count = n - visible_begin < to_page_end ? n - visible_begin : to_page_end;
+        if (dropped) {
+            const int first = kept_offsets[seq], kept = kept_offsets[seq + 1] - first;
+            if (visible_begin < kept) {  // kept rows: no run reaches past them (the owner keeps that true)
+                int c = 1;
+                while (c < count && visible_begin + c < kept && kept_positions[first + visible_begin + c] == p + c) ++c;
+                count = c;
+            }
+        }
+        position_run<Element> r = this->no_rows(visible_begin, p, row_stride());
+        const std::int64_t at = row_offset(seq, kv_head, visible_begin);
+        r.keys = this->keys + at;
+        r.values = this->values + at;
+        r.count = count;
+        return r;
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return mask; }
@@ -142,6 +194,9 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         auto v = paged_view<To, Heads, Order>::packed(new_keys, new_values, page_offsets, page_indices, lengths,
                                                       sequences, page_size, this->head_counts());
         v.page_stride = page_stride;
+        v.dropped = dropped;
+        v.kept_offsets = kept_offsets;
+        v.kept_positions = kept_positions;
         v.mask = mask;
         v.scales = scales;
         v.sequence_ids = sequence_ids;

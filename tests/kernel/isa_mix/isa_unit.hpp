@@ -17,7 +17,7 @@ namespace isa_mix {
 using heads = kvcache::head_config<8, 2, 64>;
 using view = kvcache::contiguous_view<kvcache::half, heads>;
 using decode_entry = void (*)(kvcache::cpu::thread_pool&, const view&, const float*, float*, float*,
-                              const kvcache::attention_options&);
+                              const kvcache::attention_options&, float*, int);
 
 struct unit_result {
     std::string isa;                    ///< cpu::detail::isa_name as that unit sees it

@@ -1,9 +1,11 @@
 // A sequence's pages out of one paged cache and into another: round trips
 // through bytes, pages shared from the receiver's prefix cache instead of
-// copied, exports that leave the shared pages out, and every refusal with the
-// receiver unchanged.
+// copied, exports that leave the shared pages out, compacted and
+// sliding-window sequences (only the rows they hold, at their positions), and
+// every refusal with the receiver unchanged.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -237,6 +239,175 @@ TEST_CASE("a swapped-out sequence exports from the host tier") {
     const sequence_id id = import_pages(decode, sent);
     prefill.swap_in(source);
     CHECK(same_rows(prefill, source, decode, id));
+}
+
+/// Rows of the positions one layer of a compacted sequence holds, by runs.
+template <class Element>
+std::vector<float> held_rows(const paged_cache<Element, heads>& cache, sequence_id id, int layer) {
+    std::vector<float> out;
+    for (int p : cache.present_positions(id, layer)) {
+        std::vector<Element> k(row), v(row);
+        cache.read(id, layer, p, 1, span<Element>(k), span<Element>(v));
+        for (const Element& x : k) out.push_back(element_traits<Element>::to_float(x));
+        for (const Element& x : v) out.push_back(element_traits<Element>::to_float(x));
+    }
+    return out;
+}
+
+TEST_CASE("a compacted sequence exports the rows each layer kept, and imports compacted at the same positions") {
+    paged_cache<half, heads> prefill(layers, 16, page), decode(layers, 16, page);
+    const auto tokens = prompt_tokens(45);
+    const sequence_id source = add_prompt(prefill, tokens);
+    // Layer 0 keeps sinks, a run across a page boundary and the recent rows;
+    // layer 1 keeps fewer, so the layers carry different counts per page.
+    std::vector<int> keep0 = {0, 1, 2, 3, 6, 7, 8, 9, 30, 31};
+    for (int p = 38; p < 45; ++p) keep0.push_back(p);
+    const std::vector<int> keep1 = {0, 1, 17, 40, 41, 42, 43, 44};
+    prefill.compact(source, {keep0, keep1});
+    REQUIRE(prefill.compacted(source));
+
+    const page_export<half> sent = export_pages(prefill, source);
+    REQUIRE(sent.kept.size() == 2);
+    CHECK(std::vector<int>(sent.kept[0].begin(), sent.kept[0].end()) == keep0);
+    CHECK(std::vector<int>(sent.kept[1].begin(), sent.kept[1].end()) == keep1);
+    CHECK(sent.payload_bytes() == (keep0.size() + keep1.size()) * row * 2 * sizeof(half));
+
+    const auto used_before = decode.statistics().pages_used;
+    const auto bytes = to_bytes(sent);
+    const sequence_id id = import_pages(decode, page_export_from_bytes<half>(bytes));
+    CHECK(decode.length(id) == 45);
+    for (int l = 0; l < layers; ++l) {
+        CHECK(decode.present_positions(id, l) == prefill.present_positions(source, l));
+        CHECK(held_rows(decode, id, l) == held_rows(prefill, source, l));
+    }
+    // The receiver holds the pages of the layer keeping the most rows (17 of
+    // them: 3 pages), not the 6 the whole length would take.
+    CHECK(decode.statistics().pages_used - used_before == 3);
+    // Attention over the kept rows is the same on both sides, in every layer.
+    const reference_backend reference;
+    std::vector<float> q(8 * 32), out_a(q.size()), out_b(q.size());
+    std::iota(q.begin(), q.end(), -100.0f);
+    for (float& x : q) x /= 128.0f;
+    for (int l = 0; l < layers; ++l) {
+        reference.decode(decode_params(prefill.view(l, {source}), q, out_a));
+        reference.decode(decode_params(decode.view(l, {id}), q, out_b));
+        CHECK(out_a == out_b);
+    }
+    // The sequence goes on growing on the receiver.
+    const int at = decode.begin_append(id, 1);
+    CHECK(at == 45);
+    CHECK(decode.visible_count(id, 1) == int(keep1.size()) + 1);
+
+    SUBCASE("a compacted sequence exports whole") {
+        CHECK_THROWS_WITH_AS(export_pages(prefill, source, 1),
+                             "kvcache: invalid_argument: sequence 0 was compacted, so it exports whole; first_page = 1 "
+                             "would leave out pages",
+                             error);
+    }
+    SUBCASE("kept positions out of order are refused, the receiver unchanged") {
+        page_export<half> bad = sent;
+        std::swap(bad.kept[1][2], bad.kept[1][3]);
+        const snapshot before(decode);
+        CHECK_THROWS_WITH_AS(import_pages(decode, bad),
+                             "kvcache: format_error: layer 1's kept position 17 (entry 3) is not ascending within [0, 45)",
+                             error);
+        CHECK(snapshot(decode) == before);
+    }
+    SUBCASE("a compacted export into a pool too small for its whole length is refused, the receiver unchanged") {
+        paged_cache<half, heads> small(layers, 5, page);
+        const snapshot before(small);
+        CHECK_THROWS_AS(import_pages(small, sent), error);
+        CHECK(snapshot(small) == before);
+        CHECK(small.statistics().pages_cached == 0);
+    }
+}
+
+/// A sliding-window cache of the test's heads holding `n` tokens' rows, appended a chunk at a time.
+template <class Element>
+sequence_id add_window_sequence(sliding_window_cache<Element, heads>& cache, int n) {
+    const sequence_id id = cache.add_sequence();
+    for (int done = 0; done < n;) {
+        const int count = std::min(cache.max_chunk(), n - done);
+        const int at = cache.begin_append(id, count);
+        for (int l = 0; l < layers; ++l) {
+            std::vector<float> k(std::size_t(count) * row), v(k.size());
+            for (int t = 0; t < count; ++t)
+                for (int i = 0; i < row; ++i) {
+                    k[std::size_t(t) * row + i] = row_value(5000 + at + t, at + t, l, 0, i);
+                    v[std::size_t(t) * row + i] = row_value(5000 + at + t, at + t, l, 1, i);
+                }
+            cache.write(id, l, at, span<const float>(k), span<const float>(v), count);
+        }
+        done += count;
+    }
+    return id;
+}
+
+template <class Element>
+std::vector<float> window_rows(const sliding_window_cache<Element, heads>& cache, sequence_id id, int layer) {
+    std::vector<float> out;
+    for (int p : cache.present_positions(id)) {
+        std::vector<Element> k(row), v(row);
+        cache.read(id, layer, p, 1, span<Element>(k), span<Element>(v));
+        for (const Element& x : k) out.push_back(element_traits<Element>::to_float(x));
+        for (const Element& x : v) out.push_back(element_traits<Element>::to_float(x));
+    }
+    return out;
+}
+
+TEST_CASE("a sliding-window sequence goes through bytes into another window cache and attends there as it did") {
+    // sinks 4, window 8, chunks of 3: a ring of 10 rows.
+    sliding_window_cache<half, heads> prefill(layers, 2, 8, 4, 3), decode(layers, 2, 8, 4, 3);
+    const sequence_id source = add_window_sequence(prefill, 40);
+    const page_export<half> sent = export_pages(prefill, source);
+    CHECK(sent.layout == layout_kind::sliding_window);
+    CHECK(sent.payload_bytes() == std::size_t(14) * row * 2 * layers * sizeof(half));  // 4 sinks + 10 ring rows
+    const auto bytes = to_bytes(sent);
+    const sequence_id id = import_pages(decode, page_export_from_bytes<half>(bytes));
+    CHECK(decode.length(id) == 40);
+    CHECK(decode.present_positions(id) == prefill.present_positions(source));
+    for (int l = 0; l < layers; ++l) CHECK(window_rows(decode, id, l) == window_rows(prefill, source, l));
+    const reference_backend reference;
+    std::vector<float> q(8 * 32), out_a(q.size()), out_b(q.size());
+    std::iota(q.begin(), q.end(), -100.0f);
+    for (float& x : q) x /= 128.0f;
+    reference.decode(decode_params(prefill.view(1, {source}), q, out_a));
+    reference.decode(decode_params(decode.view(1, {id}), q, out_b));
+    CHECK(out_a == out_b);
+
+    SUBCASE("a short sequence (nothing evicted yet) too") {
+        const sequence_id young = add_window_sequence(prefill, 9);
+        const sequence_id copy = import_pages(decode, export_pages(prefill, young));
+        CHECK(decode.present_positions(copy) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+        for (int l = 0; l < layers; ++l) CHECK(window_rows(decode, copy, l) == window_rows(prefill, young, l));
+    }
+    SUBCASE("a window of other sinks or ring is refused, naming both, the receiver unchanged") {
+        sliding_window_cache<half, heads> other(layers, 2, 8, 2, 3);
+        CHECK_THROWS_WITH_AS(import_pages(other, sent),
+                             "kvcache: invalid_argument: layer 0 of the export holds 14 positions of a sequence of 40 "
+                             "tokens, not the 12 this window keeps (sinks 2, ring 10)",
+                             error);
+        CHECK(other.sequences().empty());
+    }
+    SUBCASE("another layout is refused: a window export into a paged cache and the reverse") {
+        paged_cache<half, heads> paged(layers, 16, page);
+        CHECK_THROWS_WITH_AS(import_pages(paged, sent),
+                             "kvcache: invalid_argument: the export holds a sliding_window sequence but the cache is paged",
+                             error);
+        CHECK(paged.sequences().empty());
+        const auto paged_export = export_pages(paged, add_prompt(paged, prompt_tokens(9)));
+        sliding_window_cache<half, heads> window(layers, 2, 8, 4, 3);
+        CHECK_THROWS_WITH_AS(import_pages(window, paged_export),
+                             "kvcache: invalid_argument: the export holds a paged sequence but the cache is sliding_window",
+                             error);
+        CHECK(window.sequences().empty());
+    }
+    SUBCASE("a window cache with no free slot refuses it") {
+        sliding_window_cache<half, heads> full(layers, 1, 8, 4, 3);
+        add_window_sequence(full, 2);
+        CHECK_THROWS_AS(import_pages(full, sent), error);
+        CHECK(full.sequences().size() == 1);
+    }
 }
 
 }  // namespace

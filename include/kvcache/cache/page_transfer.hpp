@@ -5,9 +5,12 @@
 // exports a finished prompt; a decode worker imports it and continues from it
 // without recomputing anything. Pages the receiver already caches (a shared
 // system prompt) are taken from its prefix cache instead of the payload, and
-// an export may leave them out altogether (first_page).
+// an export may leave them out altogether (first_page). A compacted sequence
+// and a sliding-window sequence carry only the rows they hold, at their true
+// positions (kept).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -17,6 +20,7 @@
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sequence_id.hpp"
 #include "kvcache/cache/serialization.hpp"
+#include "kvcache/cache/sliding_window_cache.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/heads.hpp"
@@ -24,12 +28,15 @@
 
 namespace kvcache {
 
-/// One sequence's pages, out of a paged cache (export_pages) and into
-/// another of the same configuration (import_pages).
+/// One sequence's pages, out of a paged or sliding-window cache
+/// (export_pages) and into another of the same layout and configuration
+/// (import_pages). A sliding-window export is one block of every position
+/// the window holds (page_size = length).
 /// @tparam Element the caches' stored element type
 template <class Element>
 struct page_export {
     element_kind element = element_traits<Element>::kind;  ///< stored element type
+    layout_kind layout = layout_kind::paged;               ///< the layout it came from and goes to
     head_shape heads{};         ///< the cache's heads (a tensor-parallel shard's, for a shard)
     int shard_rank = 0;         ///< which shard of shard_ranks the rows are (0 of 1: unsharded)
     int shard_ranks = 1;        ///< tensor-parallel ranks the model was split over
@@ -41,17 +48,29 @@ struct page_export {
     std::vector<std::int32_t> tokens;          ///< token ids of the first positions (all, some or none known)
     std::vector<std::uint64_t> page_hashes;    ///< chained hash of each full page whose tokens are known
     std::vector<std::uint64_t> page_checksums; ///< [carried pages] FNV-1a of each carried page's payload
+    /// Empty when every position [0, length) has its rows; else [layers] the
+    /// positions each layer holds, ascending (a compacted or windowed sequence).
+    std::vector<std::vector<std::int32_t>> kept;
     /// Carried page p (first_page + p), layer l: keys then values, each
-    /// [rows in the page][kv_heads][head_dim]; the last page may be partial.
+    /// [rows of the page the layer holds][kv_heads][head_dim]; the last page may be partial.
     std::vector<Element> payload;
 
     /// Pages the sequence spans.
     int page_count() const noexcept { return page_size > 0 ? (length + page_size - 1) / page_size : 0; }
-    /// Rows (tokens) page p holds.
+    /// Positions page p spans.
     int rows_in_page(int p) const noexcept { return p + 1 < page_count() ? page_size : length - p * page_size; }
+    /// Rows of page p that layer l carries: rows_in_page(p) unless positions were dropped.
+    int rows_carried(int p, int l) const noexcept {
+        if (kept.empty()) return rows_in_page(p);
+        const auto& k = kept[std::size_t(l)];
+        const auto first = std::lower_bound(k.begin(), k.end(), p * page_size);
+        return int(std::lower_bound(first, k.end(), p * page_size + rows_in_page(p)) - first);
+    }
     /// Elements of page p's payload (every layer, keys and values).
     std::size_t page_elements(int p) const noexcept {
-        return std::size_t(rows_in_page(p)) * heads.kv_heads * heads.head_dim * 2 * std::size_t(layers);
+        std::size_t rows = 0;
+        for (int l = 0; l < layers; ++l) rows += std::size_t(rows_carried(p, l));
+        return rows * heads.kv_heads * heads.head_dim * 2;
     }
     /// Bytes of the carried rows.
     std::size_t payload_bytes() const noexcept { return payload.size() * sizeof(Element); }
@@ -60,7 +79,7 @@ struct page_export {
 namespace detail {
 
 inline constexpr char page_export_magic[8] = {'K', 'V', 'P', 'A', 'G', 'E', 'S', '\0'};
-inline constexpr std::uint32_t page_export_version = 1;
+inline constexpr std::uint32_t page_export_version = 2;
 
 template <class Element>
 std::uint64_t page_checksum(const Element* rows, std::size_t elements) {
@@ -78,13 +97,79 @@ inline std::vector<std::uint64_t> chain_hashes(const std::vector<std::int32_t>& 
     return hashes;
 }
 
+/// Calls f(position, done, count) for each run of adjacent positions layer l
+/// carries in page p; done counts the page's earlier carried rows of the layer.
+template <class Element, class F>
+void for_each_carried_run(const page_export<Element>& e, int p, int l, F&& f) {
+    const int begin = p * e.page_size, end = begin + e.rows_in_page(p);
+    if (e.kept.empty()) {
+        if (end > begin) f(begin, 0, end - begin);
+        return;
+    }
+    const auto& k = e.kept[std::size_t(l)];
+    auto it = std::lower_bound(k.begin(), k.end(), begin);
+    for (int done = 0; it != k.end() && *it < end;) {
+        auto run_end = it + 1;
+        while (run_end != k.end() && *run_end < end && *run_end == *(run_end - 1) + 1) ++run_end;
+        const int count = int(run_end - it);
+        f(int(*it), done, count);
+        done += count;
+        it = run_end;
+    }
+}
+
+/// Reads the carried rows of every page from first_page on out of cache
+/// into the payload, with each page's checksum.
+template <class Element, class Cache>
+void carry_pages(const Cache& cache, sequence_id id, page_export<Element>& e) {
+    const std::size_t row = std::size_t(e.heads.kv_heads) * e.heads.head_dim;
+    for (int p = e.first_page; p < e.page_count(); ++p) {
+        const std::size_t begin = e.payload.size();
+        e.payload.resize(begin + e.page_elements(p));
+        Element* out = e.payload.data() + begin;
+        for (int l = 0; l < e.layers; ++l) {
+            const std::size_t rows = std::size_t(e.rows_carried(p, l));
+            for_each_carried_run(e, p, l, [&](int position, int done, int count) {
+                const std::size_t at = std::size_t(done) * row, n = std::size_t(count) * row;
+                cache.read(id, l, position, count, span<Element>(out + at, n), span<Element>(out + rows * row + at, n));
+            });
+            out += 2 * rows * row;
+        }
+        e.page_checksums.push_back(page_checksum(e.payload.data() + begin, e.page_elements(p)));
+    }
+}
+
+/// Writes the payload's rows of every page from first_page on into id,
+/// skipping the full pages below `shared_rows` (taken from the prefix cache).
+template <class Element, class Cache>
+void place_pages(Cache& cache, sequence_id id, const page_export<Element>& e, int shared_rows) {
+    const std::size_t row = std::size_t(e.heads.kv_heads) * e.heads.head_dim;
+    const Element* in = e.payload.data();
+    for (int p = e.first_page; p < e.page_count(); ++p) {
+        const bool held = (p + 1) * e.page_size <= shared_rows;
+        for (int l = 0; l < e.layers; ++l) {
+            const std::size_t rows = std::size_t(e.rows_carried(p, l));
+            if (!held)
+                for_each_carried_run(e, p, l, [&](int position, int done, int count) {
+                    const std::size_t at = std::size_t(done) * row, n = std::size_t(count) * row;
+                    cache.write(id, l, position, span<const Element>(in + at, n),
+                                span<const Element>(in + rows * row + at, n), count);
+                });
+            in += 2 * rows * row;
+        }
+    }
+}
+
 }  // namespace detail
 
 /// Exports sequence id's rows from page first_page on, with its token ids, the
 /// chained hashes of its full pages and the scales of every layer. Reads
-/// through read(), so a swapped-out sequence exports from the host tier.
-/// not_found for an unknown id; out_of_range when first_page is past the
-/// sequence's pages.
+/// through read(), so a swapped-out sequence exports from the host tier. A
+/// compacted sequence carries each layer's kept positions and only their
+/// rows, and exports whole. not_found for an unknown id; out_of_range when
+/// first_page is past the sequence's pages; invalid_argument for a
+/// first_page other than 0 of a compacted sequence (its pages no longer
+/// hold what the prefix cache would give the receiver).
 /// @tparam Element stored element type
 /// @tparam Heads head_config
 /// @tparam Memory the cache's memory policy
@@ -99,20 +184,40 @@ page_export<Element> export_pages(const paged_cache<Element, Heads, Memory>& cac
             " is outside [0, ", e.page_count(), "] for sequence ", id, " of ", e.length, " tokens in pages of ",
             e.page_size);
     e.first_page = first_page;
+    if (cache.compacted(id)) {
+        require(first_page == 0, error_code::invalid_argument, "sequence ", id,
+                " was compacted, so it exports whole; first_page = ", first_page, " would leave out pages");
+        for (int l = 0; l < e.layers; ++l) {
+            const std::vector<int> present = cache.present_positions(id, l);
+            e.kept.emplace_back(present.begin(), present.end());
+        }
+    }
     for (int l = 0; l < e.layers; ++l) e.scales.push_back(cache.scales(l));
     e.tokens = cache.token_ids(id);
     e.page_hashes = detail::chain_hashes(e.tokens, e.page_size);
-    const std::size_t row = std::size_t(e.heads.kv_heads) * e.heads.head_dim;
-    for (int p = first_page; p < e.page_count(); ++p) {
-        const std::size_t begin = e.payload.size();
-        const int rows = e.rows_in_page(p);
-        e.payload.resize(begin + e.page_elements(p));
-        Element* out = e.payload.data() + begin;
-        for (int l = 0; l < e.layers; ++l, out += 2 * rows * row)
-            cache.read(id, l, p * e.page_size, rows, span<Element>(out, rows * row),
-                       span<Element>(out + rows * row, rows * row));
-        e.page_checksums.push_back(detail::page_checksum(e.payload.data() + begin, e.page_elements(p)));
-    }
+    detail::carry_pages(cache, id, e);
+    return e;
+}
+
+/// Exports a sliding-window sequence: the rows of the positions the window
+/// holds (its sinks and ring, the same in every layer) as one block, with
+/// the scales of every layer; the window keeps no token ids. not_found for an
+/// unknown id.
+/// @tparam Element stored element type
+/// @tparam Heads head_config
+/// @tparam Memory the cache's memory policy
+template <class Element, class Heads, class Memory>
+page_export<Element> export_pages(const sliding_window_cache<Element, Heads, Memory>& cache, sequence_id id) {
+    page_export<Element> e;
+    e.layout = layout_kind::sliding_window;
+    e.heads = shape_of(cache.head_counts());
+    e.layers = cache.layers();
+    e.length = cache.length(id);
+    e.page_size = std::max(1, e.length);
+    const std::vector<int> present = cache.present_positions(id);
+    e.kept.assign(std::size_t(e.layers), std::vector<std::int32_t>(present.begin(), present.end()));
+    for (int l = 0; l < e.layers; ++l) e.scales.push_back(cache.scales(l));
+    detail::carry_pages(cache, id, e);
     return e;
 }
 
@@ -122,6 +227,8 @@ namespace detail {
 template <class Element, class Cache>
 void check_import(const Cache& cache, const page_export<Element>& e, int shard_rank, int shard_ranks) {
     const head_shape heads = shape_of(cache.head_counts());
+    require(e.layout == Cache::kind, error_code::invalid_argument, "the export holds a ", to_string(e.layout),
+            " sequence but the cache is ", to_string(Cache::kind));
     require(e.element == element_traits<Element>::kind, error_code::invalid_argument, "the export holds ",
             to_string(e.element), " rows but the cache stores ", element_traits<Element>::name);
     require(e.heads == heads, error_code::invalid_argument, "the export's heads ", e.heads.to_string(),
@@ -129,8 +236,12 @@ void check_import(const Cache& cache, const page_export<Element>& e, int shard_r
     require(e.shard_rank == shard_rank && e.shard_ranks == shard_ranks, error_code::invalid_argument,
             "the export holds tensor-parallel shard ", e.shard_rank, " of ", e.shard_ranks,
             " but the cache is shard ", shard_rank, " of ", shard_ranks);
-    require(e.page_size == cache.page_size(), error_code::invalid_argument, "the export's page_size ", e.page_size,
-            " differs from the cache's ", cache.page_size());
+    if constexpr (Cache::kind == layout_kind::paged)
+        require(e.page_size == cache.page_size(), error_code::invalid_argument, "the export's page_size ",
+                e.page_size, " differs from the cache's ", cache.page_size());
+    else
+        require(e.page_size == std::max(1, e.length), error_code::format_error, "a sliding-window export is one block of ",
+                std::max(1, e.length), " positions, not pages of ", e.page_size);
     require(e.layers == cache.layers(), error_code::invalid_argument, "the export's layers ", e.layers,
             " differ from the cache's ", cache.layers());
     require(int(e.scales.size()) == e.layers, error_code::format_error, "the export holds ", e.scales.size(),
@@ -144,6 +255,14 @@ void check_import(const Cache& cache, const page_export<Element>& e, int shard_r
     require(e.length >= 0 && e.first_page >= 0 && e.first_page <= e.page_count(), error_code::format_error,
             "the export's first_page ", e.first_page, " is outside [0, ", e.page_count(), "] for ", e.length,
             " tokens");
+    require(e.kept.empty() || (int(e.kept.size()) == e.layers && e.first_page == 0), error_code::format_error,
+            "the export holds ", e.kept.size(), " lists of kept positions for ", e.layers,
+            " layers, from page ", e.first_page, " (kept positions go with whole exports)");
+    for (std::size_t l = 0; l < e.kept.size(); ++l)
+        for (std::size_t i = 0; i < e.kept[l].size(); ++i)
+            require(e.kept[l][i] >= (i > 0 ? e.kept[l][i - 1] + 1 : 0) && e.kept[l][i] < e.length,
+                    error_code::format_error, "layer ", l, "'s kept position ", e.kept[l][i], " (entry ", i,
+                    ") is not ascending within [0, ", e.length, ")");
     require(e.tokens.size() <= std::size_t(e.length), error_code::format_error, "the export holds ", e.tokens.size(),
             " token ids for ", e.length, " tokens");
     require(e.first_page == 0 || e.tokens.size() >= std::size_t(e.first_page) * e.page_size,
@@ -194,7 +313,7 @@ sequence_id import_pages(paged_cache<Element, Heads, Memory>& cache, const page_
     int matched = 0;
     try {
         const std::size_t full_known = e.page_hashes.size() * std::size_t(e.page_size);
-        if (full_known > 0 && cache.prefix_caching())
+        if (full_known > 0 && cache.prefix_caching() && e.kept.empty())
             matched = cache.match_prefix(id, std::vector<std::int32_t>(e.tokens.begin(), e.tokens.begin() + full_known));
         require(matched >= e.first_page * e.page_size, error_code::not_found, "the export leaves out ", e.first_page,
                 " pages but the cache's prefix cache holds only the first ", matched / e.page_size, " of them");
@@ -207,17 +326,55 @@ sequence_id import_pages(paged_cache<Element, Heads, Memory>& cache, const page_
         cache.remove_sequence(id);  // holds at most the matched pages, whose rows are whole
         throw;
     }
-    const std::size_t row = std::size_t(e.heads.kv_heads) * e.heads.head_dim;
-    const Element* in = e.payload.data();
-    for (int p = e.first_page; p < e.page_count(); ++p) {
-        const int rows = e.rows_in_page(p);
-        const bool held = (p + 1) * e.page_size <= matched;  // shared from the prefix cache
-        for (int l = 0; l < e.layers; ++l, in += 2 * rows * row)
-            if (!held)
-                cache.write(id, l, p * e.page_size, span<const Element>(in, rows * row),
-                            span<const Element>(in + rows * row, rows * row), rows);
+    detail::place_pages(cache, id, e, matched);
+    if (!e.kept.empty()) {
+        // Every position was written where it was held, so a position's
+        // visible index is the position itself until this compaction.
+        std::vector<std::vector<int>> kept(e.kept.begin(), e.kept.end());
+        try {
+            cache.compact(id, kept);
+        } catch (...) {
+            cache.truncate(id, 0);  // its unwritten rows must not reach the prefix cache
+            cache.remove_sequence(id);
+            throw;
+        }
     }
     cache.publish(id);
+    return id;
+}
+
+/// Imports a sliding-window export as a new sequence of cache and returns
+/// its id. The export must hold exactly the positions this window keeps at
+/// its length (the same sinks and ring), besides what import_pages of a paged
+/// cache checks; a mismatch is invalid_argument naming both, a cache with no
+/// free slot is capacity_exceeded, and then nothing changes.
+/// @tparam Element stored element type
+/// @tparam Heads head_config
+/// @tparam Memory the cache's memory policy
+template <class Element, class Heads, class Memory>
+sequence_id import_pages(sliding_window_cache<Element, Heads, Memory>& cache, const page_export<Element>& e,
+                         int shard_rank = 0, int shard_ranks = 1) {
+    detail::check_import(cache, e, shard_rank, shard_ranks);
+    const int sinks = std::min(e.length, cache.sinks());
+    const int ring_from = std::max(cache.sinks(), e.length - cache.ring());
+    const std::size_t holds = std::size_t(sinks) + std::size_t(std::max(0, e.length - ring_from));
+    for (std::size_t l = 0; l < e.kept.size(); ++l) {
+        bool same = e.kept[l].size() == holds;
+        for (std::size_t i = 0; same && i < holds; ++i)
+            same = e.kept[l][i] == (int(i) < sinks ? int(i) : ring_from + int(i) - sinks);
+        require(same, error_code::invalid_argument, "layer ", l, " of the export holds ", e.kept[l].size(),
+                " positions of a sequence of ", e.length, " tokens, not the ", holds, " this window keeps (sinks ",
+                cache.sinks(), ", ring ", cache.ring(), ")");
+    }
+    require(!e.kept.empty() || e.layers == 0, error_code::format_error,
+            "a sliding-window export names the positions it holds");
+    const sequence_id id = cache.add_sequence();
+    for (int done = 0; done < e.length;) {
+        const int n = std::min(cache.max_chunk(), e.length - done);
+        cache.begin_append(id, n);
+        done += n;
+    }
+    detail::place_pages(cache, id, e, 0);
     return id;
 }
 
@@ -236,18 +393,23 @@ std::vector<unsigned char> to_bytes(const page_export<Element>& e) {
     put(detail::page_export_magic, sizeof detail::page_export_magic);
     put_value(detail::page_export_version);
     put_value(std::uint32_t(e.element));
+    put_value(std::uint32_t(e.layout));
     // Named arrays rather than braced lists in the loops: nvcc's host-code rewrite breaks those.
     const std::int32_t fields[] = {e.heads.query_heads, e.heads.kv_heads, e.heads.head_dim, e.shard_rank,
                                    e.shard_ranks, e.page_size, e.layers, e.length, e.first_page};
     for (const std::int32_t v : fields) put_value(v);
     const std::uint64_t counts[] = {std::uint64_t(e.scales.size()), std::uint64_t(e.tokens.size()),
                                     std::uint64_t(e.page_hashes.size()), std::uint64_t(e.page_checksums.size()),
-                                    std::uint64_t(e.payload.size())};
+                                    std::uint64_t(e.payload.size()), std::uint64_t(e.kept.size())};
     for (const std::uint64_t n : counts) put_value(n);
     for (const kv_scales& s : e.scales) put_value(s.key), put_value(s.value);
     put(e.tokens.data(), e.tokens.size() * sizeof(std::int32_t));
     put(e.page_hashes.data(), e.page_hashes.size() * sizeof(std::uint64_t));
     put(e.page_checksums.data(), e.page_checksums.size() * sizeof(std::uint64_t));
+    for (const auto& k : e.kept) {
+        put_value(std::uint64_t(k.size()));
+        put(k.data(), k.size() * sizeof(std::int32_t));
+    }
     put(e.payload.data(), e.payload_bytes());
     put_value(detail::fnv1a(detail::fnv1a_seed, out.data(), out.size()));
     return out;
@@ -260,7 +422,7 @@ std::vector<unsigned char> to_bytes(const page_export<Element>& e) {
 /// @tparam Element stored element type
 template <class Element>
 page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
-    constexpr std::size_t fixed = 8 + 4 + 4 + 9 * 4 + 5 * 8;
+    constexpr std::size_t fixed = 8 + 4 + 4 + 4 + 9 * 4 + 6 * 8;
     require(bytes.size() >= fixed + 8, error_code::format_error, "a page export needs at least ", fixed + 8,
             " bytes; got ", bytes.size());
     std::uint64_t stored = 0;
@@ -286,17 +448,23 @@ page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
     page_export<Element> e;
     require(element == std::uint32_t(e.element), error_code::format_error, "the page export holds ",
             detail::element_name(element), " rows, not ", element_traits<Element>::name);
+    std::uint32_t layout = 0;
+    take(&layout, 4);
+    require(layout <= std::uint32_t(layout_kind::sliding_window), error_code::format_error, "the page export's layout ",
+            layout, " is not one this build knows");
+    e.layout = layout_kind(layout);
     std::int32_t v[9];
     take(v, sizeof v);
     e.heads = head_shape{v[0], v[1], v[2]};
     e.shard_rank = v[3], e.shard_ranks = v[4], e.page_size = v[5], e.layers = v[6], e.length = v[7], e.first_page = v[8];
-    std::uint64_t counts[5];
+    std::uint64_t counts[6];
     take(counts, sizeof counts);
     const std::uint64_t left = bytes.size() - 8 - at;
-    const std::uint64_t sizes[5] = {2 * sizeof(float), sizeof(std::int32_t), sizeof(std::uint64_t),
-                                    sizeof(std::uint64_t), sizeof(Element)};
+    // A kept list takes at least its count's 8 bytes.
+    const std::uint64_t sizes[6] = {2 * sizeof(float), sizeof(std::int32_t), sizeof(std::uint64_t),
+                                    sizeof(std::uint64_t), sizeof(Element), sizeof(std::uint64_t)};
     std::uint64_t needed = 0;
-    for (int i = 0; i < 5; ++i) {
+    for (int i = 0; i < 6; ++i) {
         require(counts[i] <= left / sizes[i] && needed + counts[i] * sizes[i] <= left, error_code::format_error,
                 "the page export's counts need more than its ", left, " bytes");
         needed += counts[i] * sizes[i];
@@ -309,6 +477,15 @@ page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
     take(e.page_hashes.data(), counts[2] * sizeof(std::uint64_t));
     e.page_checksums.resize(counts[3]);
     take(e.page_checksums.data(), counts[3] * sizeof(std::uint64_t));
+    e.kept.resize(counts[5]);
+    for (auto& k : e.kept) {
+        std::uint64_t n = 0;
+        take(&n, sizeof n);
+        require(n <= (bytes.size() - 8 - at) / sizeof(std::int32_t), error_code::format_error,
+                "the page export's kept positions need more than its ", bytes.size() - 8 - at, " bytes");
+        k.resize(n);
+        take(k.data(), n * sizeof(std::int32_t));
+    }
     e.payload.resize(counts[4]);
     take(e.payload.data(), counts[4] * sizeof(Element));
     require(at == bytes.size() - 8, error_code::format_error, "the page export has ", bytes.size() - 8 - at,

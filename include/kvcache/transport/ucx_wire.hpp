@@ -43,6 +43,7 @@ template <class Element>
 page_export<Element> descriptor_of(const page_export<Element>& e) {
     page_export<Element> d;
     d.element = e.element;
+    d.layout = e.layout;
     d.heads = e.heads;
     d.shard_rank = e.shard_rank, d.shard_ranks = e.shard_ranks;
     d.page_size = e.page_size, d.layers = e.layers, d.length = e.length, d.first_page = e.first_page;
@@ -50,6 +51,7 @@ page_export<Element> descriptor_of(const page_export<Element>& e) {
     d.tokens = e.tokens;
     d.page_hashes = e.page_hashes;
     d.page_checksums = e.page_checksums;
+    d.kept = e.kept;
     return d;
 }
 

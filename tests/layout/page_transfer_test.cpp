@@ -410,4 +410,43 @@ TEST_CASE("a sliding-window sequence goes through bytes into another window cach
     }
 }
 
+TEST_CASE("a cached prefix chain exports without a sequence and enters another cache's prefix cache only") {
+    paged_cache<half, heads> prefill(layers, 16, page), store(layers, 16, page);
+    const auto system = prompt_tokens(27);  // 3 full pages and 3 rows
+    prefill.remove_sequence(add_prompt(prefill, system));  // served and gone: only the prefix cache holds its pages
+    REQUIRE(prefill.sequences().empty());
+    auto asked = system;
+    asked.push_back(7);  // a new request's prompt: the system prompt and more
+    const page_export<half> chain = export_prefix(prefill, asked);
+    CHECK(prefill.sequences().empty());
+    CHECK(chain.length == 24);
+    CHECK(chain.page_hashes.size() == 3);
+    CHECK(chain.tokens == std::vector<std::int32_t>(system.begin(), system.begin() + 24));
+
+    const auto bytes = to_bytes(chain);
+    CHECK(import_prefix(store, page_export_from_bytes<half>(bytes)) == 24);
+    CHECK(store.sequences().empty());
+    CHECK(store.statistics().pages_cached == 3);
+    // A request on the store finds the chain and attends over the same rows.
+    const sequence_id hit = store.add_sequence();
+    CHECK(store.match_prefix(hit, asked) == 24);
+    const sequence_id there = prefill.add_sequence();
+    CHECK(prefill.match_prefix(there, asked) == 24);
+    CHECK(same_rows(prefill, there, store, hit));
+
+    SUBCASE("nothing cached: an empty chain") {
+        const auto none = export_prefix(prefill, prompt_tokens(20, 3));
+        CHECK(none.length == 0);
+        CHECK(none.payload.empty());
+        CHECK(import_prefix(store, none) == 0);
+    }
+    SUBCASE("a cache without prefix caching is refused, unchanged") {
+        paged_cache<half, heads> plain(layers, 16, page, /*prefix_caching=*/false);
+        CHECK_THROWS_WITH_AS(import_prefix(plain, chain),
+                             "kvcache: invalid_argument: import_prefix needs a cache with prefix caching; this one has none",
+                             error);
+        CHECK(plain.statistics().pages_used == 0);
+    }
+}
+
 }  // namespace

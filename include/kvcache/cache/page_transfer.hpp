@@ -378,6 +378,54 @@ sequence_id import_pages(sliding_window_cache<Element, Heads, Memory>& cache, co
     return id;
 }
 
+/// Exports the longest chain of full pages the cache's prefix cache (any
+/// tier) holds for token_ids, with no sequence of the caller's involved: what
+/// a prefix store or another worker's cache imports with import_prefix. The
+/// chain is identified by its chained page hashes (the export's
+/// page_hashes); pages from the host or disk tier come back to the pool on
+/// the way, as a prefix hit brings them. An empty export when nothing
+/// matches. capacity_exceeded when no sequence slot is free.
+/// @tparam Element stored element type
+/// @tparam Heads head_config
+/// @tparam Memory the cache's memory policy
+template <class Element, class Heads, class Memory>
+page_export<Element> export_prefix(paged_cache<Element, Heads, Memory>& cache, const std::vector<std::int32_t>& token_ids) {
+    const sequence_id id = cache.add_sequence();
+    try {
+        cache.match_prefix(id, token_ids);
+        page_export<Element> e = export_pages(cache, id);
+        cache.remove_sequence(id);
+        return e;
+    } catch (...) {
+        cache.remove_sequence(id);
+        throw;
+    }
+}
+
+/// Imports a chain of full pages (export_prefix's, or any export whose pages
+/// are whole and whose token ids are known) into the cache's prefix cache
+/// only: afterwards match_prefix finds them, no sequence holds them, and the
+/// cache may evict them as any cached prefix. Returns the tokens now cached
+/// for the chain. The checks and refusals of import_pages; besides,
+/// invalid_argument for a compacted export or one whose tokens are not all
+/// known, and a cache without prefix caching.
+/// @tparam Element stored element type
+/// @tparam Heads head_config
+/// @tparam Memory the cache's memory policy
+template <class Element, class Heads, class Memory>
+int import_prefix(paged_cache<Element, Heads, Memory>& cache, const page_export<Element>& e, int shard_rank = 0,
+                  int shard_ranks = 1) {
+    require(cache.prefix_caching(), error_code::invalid_argument,
+            "import_prefix needs a cache with prefix caching; this one has none");
+    require(e.kept.empty() && e.tokens.size() == std::size_t(e.length), error_code::invalid_argument,
+            "import_prefix takes whole pages with known tokens; the export holds ", e.tokens.size(), " token ids of ",
+            e.length, e.kept.empty() ? " tokens" : " tokens and was compacted");
+    const int cached = int(e.page_hashes.size()) * e.page_size;
+    const sequence_id id = import_pages(cache, e, shard_rank, shard_ranks);
+    cache.remove_sequence(id);  // its full pages stay in the prefix cache; a partial last page goes
+    return cached;
+}
+
 /// The export as bytes, for a transport or a file: a fixed header, the
 /// descriptor, the page checksums and the payload, then an FNV-1a checksum
 /// of everything before it.

@@ -1,4 +1,4 @@
-// Compiled twice, against the base headers and the branch's: prefill through cpu_backend.
+// Compiled twice, against the base headers and the branch's: prefill and decode through cpu_backend.
 #include <vector>
 #include "kvcache/backend/cpu.hpp"
 #include "units.hpp"
@@ -9,5 +9,9 @@ namespace {
 template <class View>
 void run(const View& view, const std::vector<float>& q, const std::vector<int>& offsets, std::vector<float>& out) {
     kvcache::cpu_backend{}.prefill(kvcache::prefill_params(view, q, offsets, out));
+}
+template <class View>
+void run_decode(const View& view, const std::vector<float>& q, std::vector<float>& out) {
+    kvcache::cpu_backend{}.decode(kvcache::decode_params(view, q, out));
 }
 }  // namespace

@@ -40,9 +40,9 @@ using row_vector = float8;
 /// accumulators leave 3 row vectors and a broadcast; fewer leave the FMA
 /// units waiting on their latency (measured: 8 ran no faster than the
 /// row-by-row kernel of tile_attention.hpp). With 32 registers, 24 (3 row
-/// vectors x 8 keys or dims) leave 3 row vectors, a broadcast and the
-/// rescale factors: measured 1.15 to 1.2 times faster than 4 x 4 on AVX-512,
-/// since each loaded value then serves more FMAs.
+/// vectors x 8 keys or dims) leave 3 row vectors, a broadcast and the rescale
+/// factors, and each load serves more FMAs: with 192-row blocks about 1.25
+/// times 4 x 4 with 128 rows on AVX-512 (docs/performance.md, issue 13).
 inline constexpr int product_accumulators = vector_registers == 32 ? 24 : 12;
 
 /// Row vectors one kernel call covers (3 x 16 rows on AVX-512, 3 x 8 otherwise).

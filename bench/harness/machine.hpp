@@ -11,6 +11,8 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include "kvcache/backend/cpu/isa.hpp"
+
 namespace kvcache::bench {
 
 namespace detail {
@@ -44,6 +46,9 @@ inline std::string compiled_simd() {
 #endif
 #if defined(__AVX512FP16__)
     add("avx512fp16");
+#endif
+#if defined(__AVX512BF16__)
+    add("avx512bf16");
 #endif
 #if defined(__AVX2__)
     add("avx2");
@@ -100,6 +105,8 @@ inline nlohmann::json describe_machine() {
     machine["arch_flags"] = "";
 #endif
     machine["simd_compiled"] = detail::compiled_simd();
+    // The CPU backend's kernel path for these flags (its ISA namespace): what the figures measure.
+    machine["cpu_kernels"] = kvcache::cpu::detail::isa_name;
     machine["backend"] = "cpu";
     machine["gpu"] = "none";
     return machine;

@@ -39,16 +39,20 @@ using row_vector = float8;
 /// Accumulator registers a product kernel may hold: with 16 registers, 12
 /// accumulators leave 3 row vectors and a broadcast; fewer leave the FMA
 /// units waiting on their latency (measured: 8 ran no faster than the
-/// row-by-row kernel of tile_attention.hpp).
-inline constexpr int product_accumulators = vector_registers == 32 ? 16 : 12;
+/// row-by-row kernel of tile_attention.hpp). With 32 registers, 24 (3 row
+/// vectors x 8 keys or dims) leave 3 row vectors, a broadcast and the rescale
+/// factors, and each load serves more FMAs: with 192-row blocks about 1.25
+/// times 4 x 4 with 128 rows on AVX-512 (docs/performance.md, issue 13).
+inline constexpr int product_accumulators = vector_registers == 32 ? 24 : 12;
 
-/// Row vectors one kernel call covers (4 x 16 rows on AVX-512, 3 x 8 otherwise).
-inline constexpr int max_row_vectors = vector_registers == 32 ? 4 : 3;
+/// Row vectors one kernel call covers (3 x 16 rows on AVX-512, 3 x 8 otherwise).
+inline constexpr int max_row_vectors = 3;
 
 /// Query rows a prefill block aims at: several kernel passes' worth, so each
-/// widened tile and its masks serve many rows (96 with AVX2, 128 with AVX-512,
-/// whose transposed queries and outputs then still fit in L2).
-inline constexpr int prefill_block_rows = (vector_registers == 32 ? 2 : 4) * max_row_vectors * row_vector::lanes;
+/// widened tile, its masks and the walk over the keys serve many rows (96
+/// with AVX2; 192 with AVX-512, where 144 and more measured alike and 96
+/// slower; the transposed queries and outputs, 96 KiB each at D = 128, stay in L2).
+inline constexpr int prefill_block_rows = 4 * max_row_vectors * row_vector::lanes;
 
 /// The largest of 8, 4, 2, 1 that is at most `budget` and divides n.
 constexpr int dividing_step(int budget, int n) {
@@ -57,67 +61,107 @@ constexpr int dividing_step(int budget, int n) {
     return 1;
 }
 
-/// x[i] = exp(x[i]) for x[i] <= 0 and n a multiple of row_vector::lanes:
-/// exp_non_positive's polynomial (0 below -87) in vector registers, since
-/// g++ leaves that loop scalar and the softmax would cost as much as a product.
-inline void exp_rows(float* x, int n) noexcept {
 #if KVCACHE_CPU_AVX2_FMA
-    constexpr float magic = 12582912.0f;          // 1.5 * 2^23: adding it rounds to an integer
-    constexpr int exponent_shift = 0x4b400000 - 127;  // magic's bits less the exponent bias
 #if KVCACHE_CPU_AVX512
-    using reg = __m512;
+using exp_register = __m512;
 #define KVCACHE_EXP_OP(name) _mm512_##name
 #define KVCACHE_EXP_BITS(x) _mm512_castps_si512(x)
 #define KVCACHE_EXP_FLOATS(x) _mm512_castsi512_ps(x)
-    // The maskz forms: g++ 12 warns (-Werror) that the unmasked ones' undefined source may be used.
+// The maskz forms: g++ 12 warns (-Werror) that the unmasked ones' undefined source may be used.
 #define KVCACHE_EXP_CLAMP(x, low, high) _mm512_maskz_min_ps(0xffff, _mm512_maskz_max_ps(0xffff, x, low), high)
 #define KVCACHE_EXP_SHIFT(x) _mm512_maskz_slli_epi32(0xffff, x, 23)
 #else
-    using reg = __m256;
+using exp_register = __m256;
 #define KVCACHE_EXP_OP(name) _mm256_##name
 #define KVCACHE_EXP_BITS(x) _mm256_castps_si256(x)
 #define KVCACHE_EXP_FLOATS(x) _mm256_castsi256_ps(x)
 #define KVCACHE_EXP_CLAMP(x, low, high) _mm256_min_ps(_mm256_max_ps(x, low), high)
 #define KVCACHE_EXP_SHIFT(x) _mm256_slli_epi32(x, 23)
 #endif
-    const reg lowest = KVCACHE_EXP_OP(set1_ps)(-87.0f), zero = KVCACHE_EXP_OP(setzero_ps)();
-    const reg magic_v = KVCACHE_EXP_OP(set1_ps)(magic), one = KVCACHE_EXP_OP(set1_ps)(1.0f);
-    constexpr int lanes = int(sizeof(reg) / sizeof(float));
-    for (int i = 0; i < n; i += lanes) {
-        const reg input = KVCACHE_EXP_OP(loadu_ps)(x + i);
-        const reg clamped = KVCACHE_EXP_CLAMP(input, lowest, zero);
-        const reg rounded =
-            KVCACHE_EXP_OP(fmadd_ps)(clamped, KVCACHE_EXP_OP(set1_ps)(1.44269504088896341f), magic_v);
-        const reg k = KVCACHE_EXP_OP(sub_ps)(rounded, magic_v);
-        reg r = KVCACHE_EXP_OP(fnmadd_ps)(k, KVCACHE_EXP_OP(set1_ps)(0.693359375f), clamped);
-        r = KVCACHE_EXP_OP(fnmadd_ps)(k, KVCACHE_EXP_OP(set1_ps)(-2.12194440e-4f), r);
-        reg p = KVCACHE_EXP_OP(set1_ps)(1.9875691500e-4f);
-        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(1.3981999507e-3f));
-        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(8.3334519073e-3f));
-        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(4.1665795894e-2f));
-        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(1.6666665459e-1f));
-        p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(5.0000001201e-1f));
-        const reg y = KVCACHE_EXP_OP(add_ps)(KVCACHE_EXP_OP(fmadd_ps)(p, KVCACHE_EXP_OP(mul_ps)(r, r), r), one);
-        // 2^k, k in [-126, 0]: k's bits sit at the bottom of rounded's mantissa.
-        const auto scale_bits = KVCACHE_EXP_SHIFT(
-            KVCACHE_EXP_OP(sub_epi32)(KVCACHE_EXP_BITS(rounded), KVCACHE_EXP_OP(set1_epi32)(exponent_shift)));
-        const reg result = KVCACHE_EXP_OP(mul_ps)(y, KVCACHE_EXP_FLOATS(scale_bits));
+
+/// exp(x) lane-wise for x <= 0: exp_non_positive's polynomial (0 below -87)
+/// in vector registers, since g++ leaves that loop scalar and the softmax
+/// would cost as much as a product.
+inline exp_register exp_vector(exp_register input) noexcept {
+    constexpr float magic = 12582912.0f;          // 1.5 * 2^23: adding it rounds to an integer
+    constexpr int exponent_shift = 0x4b400000 - 127;  // magic's bits less the exponent bias
+    const exp_register lowest = KVCACHE_EXP_OP(set1_ps)(-87.0f), zero = KVCACHE_EXP_OP(setzero_ps)();
+    const exp_register magic_v = KVCACHE_EXP_OP(set1_ps)(magic), one = KVCACHE_EXP_OP(set1_ps)(1.0f);
+    const exp_register clamped = KVCACHE_EXP_CLAMP(input, lowest, zero);
+    const exp_register rounded =
+        KVCACHE_EXP_OP(fmadd_ps)(clamped, KVCACHE_EXP_OP(set1_ps)(1.44269504088896341f), magic_v);
+    const exp_register k = KVCACHE_EXP_OP(sub_ps)(rounded, magic_v);
+    exp_register r = KVCACHE_EXP_OP(fnmadd_ps)(k, KVCACHE_EXP_OP(set1_ps)(0.693359375f), clamped);
+    r = KVCACHE_EXP_OP(fnmadd_ps)(k, KVCACHE_EXP_OP(set1_ps)(-2.12194440e-4f), r);
+    exp_register p = KVCACHE_EXP_OP(set1_ps)(1.9875691500e-4f);
+    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(1.3981999507e-3f));
+    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(8.3334519073e-3f));
+    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(4.1665795894e-2f));
+    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(1.6666665459e-1f));
+    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(5.0000001201e-1f));
+    const exp_register y =
+        KVCACHE_EXP_OP(add_ps)(KVCACHE_EXP_OP(fmadd_ps)(p, KVCACHE_EXP_OP(mul_ps)(r, r), r), one);
+    // 2^k, k in [-126, 0]: k's bits sit at the bottom of rounded's mantissa.
+    const auto scale_bits = KVCACHE_EXP_SHIFT(
+        KVCACHE_EXP_OP(sub_epi32)(KVCACHE_EXP_BITS(rounded), KVCACHE_EXP_OP(set1_epi32)(exponent_shift)));
+    const exp_register result = KVCACHE_EXP_OP(mul_ps)(y, KVCACHE_EXP_FLOATS(scale_bits));
 #if KVCACHE_CPU_AVX512
-        const reg kept = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(input, lowest, _CMP_GE_OQ), result);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(input, lowest, _CMP_GE_OQ), result);
 #else
-        const reg kept = _mm256_and_ps(result, _mm256_cmp_ps(input, lowest, _CMP_GE_OQ));
+    return _mm256_and_ps(result, _mm256_cmp_ps(input, lowest, _CMP_GE_OQ));
 #endif
-        KVCACHE_EXP_OP(storeu_ps)(x + i, kept);
-    }
-#undef KVCACHE_EXP_OP
+}
 #undef KVCACHE_EXP_BITS
 #undef KVCACHE_EXP_FLOATS
 #undef KVCACHE_EXP_CLAMP
 #undef KVCACHE_EXP_SHIFT
+#endif
+
+/// x[i] = exp(x[i]) for x[i] <= 0 and n a multiple of row_vector::lanes.
+inline void exp_rows(float* x, int n) noexcept {
+#if KVCACHE_CPU_AVX2_FMA
+    constexpr int lanes = int(sizeof(exp_register) / sizeof(float));
+    for (int i = 0; i < n; i += lanes) KVCACHE_EXP_OP(storeu_ps)(x + i, exp_vector(KVCACHE_EXP_OP(loadu_ps)(x + i)));
 #else
     exp_non_positive(x, n);
 #endif
 }
+
+/// The softmax weights of a tile in one pass: x[t][r] = exp(x[t][r] -
+/// base[r]) for t < count and r < stride (a multiple of row_vector::lanes),
+/// and sums[r] = the sum over t of the new x[t][r], added in t order. One
+/// pass instead of a subtraction, an exp and a sum pass each over the scores
+/// (the same operations in the same order, so the same bits).
+inline void exp_shifted_rows(float* x, int count, std::size_t stride, const float* base, float* sums) noexcept {
+#if KVCACHE_CPU_AVX2_FMA
+    constexpr std::size_t lanes = sizeof(exp_register) / sizeof(float);
+    for (std::size_t r = 0; r < stride; r += lanes) {
+        const exp_register shift = KVCACHE_EXP_OP(loadu_ps)(base + r);
+        exp_register sum = KVCACHE_EXP_OP(setzero_ps)();
+        for (int t = 0; t < count; ++t) {
+            float* at = x + std::size_t(t) * stride + r;
+            const exp_register weight = exp_vector(KVCACHE_EXP_OP(sub_ps)(KVCACHE_EXP_OP(loadu_ps)(at), shift));
+            KVCACHE_EXP_OP(storeu_ps)(at, weight);
+            sum = KVCACHE_EXP_OP(add_ps)(sum, weight);
+        }
+        KVCACHE_EXP_OP(storeu_ps)(sums + r, sum);
+    }
+#else
+    for (int t = 0; t < count; ++t) {
+        float* row = x + std::size_t(t) * stride;
+        for (std::size_t r = 0; r < stride; ++r) row[r] -= base[r];
+    }
+    exp_non_positive(x, int(std::size_t(count) * stride));
+    std::fill(sums, sums + stride, 0.0f);
+    for (int t = 0; t < count; ++t) {
+        const float* row = x + std::size_t(t) * stride;
+        for (std::size_t r = 0; r < stride; ++r) sums[r] += row[r];
+    }
+#endif
+}
+#if KVCACHE_CPU_AVX2_FMA
+#undef KVCACHE_EXP_OP
+#endif
 
 /// Keeps a loaded vector in a register: g++ otherwise folds each of its
 /// uses into an FMA as a memory operand, which makes the product kernels
@@ -195,22 +239,14 @@ void value_rows(const float* weights, std::size_t stride, const float* rescale, 
     }
 }
 
-/// Calls f with std::integral_constant<int, n> for n in 1..max_row_vectors.
+/// Calls f with std::integral_constant<int, n> for n in 1..max_row_vectors (3).
 template <class F>
 void with_row_vectors(int n, F&& f) {
-    if constexpr (max_row_vectors == 4) {
-        switch (n) {
-        case 1: f(std::integral_constant<int, 1>{}); break;
-        case 2: f(std::integral_constant<int, 2>{}); break;
-        case 3: f(std::integral_constant<int, 3>{}); break;
-        default: f(std::integral_constant<int, 4>{}); break;
-        }
-    } else {
-        switch (n) {
-        case 1: f(std::integral_constant<int, 1>{}); break;
-        case 2: f(std::integral_constant<int, 2>{}); break;
-        default: f(std::integral_constant<int, 3>{}); break;
-        }
+    static_assert(max_row_vectors == 3, "one case per row-vector count");
+    switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 3>{}); break;
     }
 }
 
@@ -250,8 +286,9 @@ public:
         using element = typename Layout::element_type;
         constexpr int ring = prefetch_tiles + 1;
         const attention_visibility visibility = view.visibility();
-        const int last_position = *std::max_element(positions_.begin(), positions_.end());
-        tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, last_position);
+        lowest_position_ = *std::min_element(positions_.begin(), positions_.end());
+        highest_position_ = *std::max_element(positions_.begin(), positions_.end());
+        tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, highest_position_);
         auto next_seen = [&](key_tile<element>& tile, std::uint32_t* masks) {
             while (cursor.fill(tile))
                 if (visibility_masks(tile, visibility, masks)) return true;
@@ -302,6 +339,16 @@ private:
     template <class Element>
     bool visibility_masks(const key_tile<Element>& tile, const attention_visibility& visibility,
                           std::uint32_t* masks) const {
+        // Keys ascend by position within a tile: when the last is at or
+        // before every row and no window cuts any of them (every tile before
+        // the causal diagonal), every row sees the whole tile.
+        const int first_key = tile.positions[0], last_key = tile.positions[tile.count - 1];
+        if (last_key <= lowest_position_ &&
+            (visibility.window <= 0 || last_key < visibility.sinks ||
+             first_key > highest_position_ - visibility.window)) {
+            std::fill(masks, masks + rows_, tile.count == 32 ? ~0u : (1u << tile.count) - 1u);
+            return true;
+        }
         std::uint32_t any = 0;
         for (int r = 0; r < rows_; ++r) {
             if (r > 0 && positions_[r] == positions_[r - 1]) {  // the rows of one token (a GQA group) share it
@@ -397,16 +444,7 @@ private:
             new_max[r] = base;
         }
         exp_rows(factor, int(stride));
-        for (int t = 0; t < count; ++t) {
-            float* row = scores + t * stride;
-            for (std::size_t r = 0; r < stride; ++r) row[r] -= new_max[r];
-        }
-        exp_rows(scores, int(count * stride));
-        std::fill(added, added + stride, 0.0f);
-        for (int t = 0; t < count; ++t) {
-            const float* row = scores + t * stride;
-            for (std::size_t r = 0; r < stride; ++r) added[r] += row[r];
-        }
+        exp_shifted_rows(scores, count, stride, new_max, added);
         float* const sum = running_sum();
         for (std::size_t r = 0; r < stride; ++r) sum[r] = sum[r] * factor[r] + added[r];
         // The weights are relative to the base just subtracted (0 for a row that saw nothing yet).
@@ -427,6 +465,7 @@ private:
     std::vector<float> scores_;        ///< [tile_keys][stride_]: scores, then weights
     std::vector<float> state_;         ///< see running_max()
     std::vector<int> positions_;       ///< [rows_]
+    int lowest_position_ = 0, highest_position_ = 0;  ///< over positions_, set by attend
     std::vector<std::uint32_t> masks_; ///< [ring slot][rows_]
     std::vector<float> widened_;       ///< [2][tile_keys][Dim] float copies of a 16-bit tile's K and V rows
 };

@@ -275,6 +275,26 @@ def batch(rng, train_blob, size, recall_fraction, recall_answers_only=False, rec
     return t[:, :-1], t[:, 1:], w[:, 1:]
 
 
+def recall_rows(rng, rows, max_pairs):
+    """`rows` short rows of one recall text each (after its BOS), padded with EOS to the
+    longest text of the step, with loss weight 1 on the answer bytes alone. Shorter than a
+    CONTEXT window, so a step holds several times more recall texts for the same compute."""
+    texts = [recall_sequence(rng, max_pairs=max_pairs) for _ in range(rows)]
+    length = max(len(text) for text, _ in texts) + 1
+    ids, weights = [], []
+    for text, spans in texts:
+        row = [BOS] + list(text.encode("ascii"))
+        w = [0.0] * length
+        for first, n in spans:
+            for j in range(first, first + n):
+                w[j + 1] = 1.0  # text byte j is token j + 1 after the BOS
+        ids.append(row + [EOS] * (length - len(row)))  # padding after the text: causal, unseen
+        weights.append(w)
+    t = torch.tensor(ids, dtype=torch.long)
+    w = torch.tensor(weights, dtype=torch.float32)
+    return t[:, :-1], t[:, 1:], w[:, 1:]
+
+
 # ---------------------------------------------------------------- evaluation
 
 
@@ -400,6 +420,9 @@ def main():
                     help="curriculum: the most pairs a training recall text has at step 0 (1 to 16)")
     ap.add_argument("--curriculum-steps", type=int, default=0,
                     help="steps over which the most pairs rises from --recall-pairs-start to 16 (0: no curriculum)")
+    ap.add_argument("--recall-rows", type=int, default=0,
+                    help="each step also trains on this many short rows of one recall text each, answers only "
+                         "(their mean loss added to the windows'); 0: none")
     ap.add_argument("--warmup", type=int, default=None, help="learning-rate warm-up steps (default steps // 30)")
     ap.add_argument("--evaluate-only", action="store_true",
                     help="no training: evaluate --out's model.safetensors and rewrite the evaluation files")
@@ -474,6 +497,12 @@ def main():
         logits = model(x)
         token_loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="none")
         loss = (token_loss * w.reshape(-1)).sum() / w.sum()
+        if args.recall_rows > 0:
+            # The two objectives weigh the same whatever their token counts: the mean over
+            # the windows' tokens plus the mean over the recall rows' answer bytes.
+            rx, ry, rw = recall_rows(rng, args.recall_rows, max_pairs)
+            recall_loss = F.cross_entropy(model(rx).reshape(-1, VOCAB), ry.reshape(-1), reduction="none")
+            loss = loss + (recall_loss * rw.reshape(-1)).sum() / rw.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -531,7 +560,7 @@ def main():
                          recall_fraction=args.recall_fraction, seed=args.seed, threads=args.threads,
                          warmup=warmup, init_from=init_from, recall_loss=args.recall_loss,
                          recall_window=args.recall_window, recall_pairs_start=args.recall_pairs_start,
-                         curriculum_steps=args.curriculum_steps,
+                         curriculum_steps=args.curriculum_steps, recall_rows=args.recall_rows,
                          seconds=round(train_seconds, 1), tokens=args.steps * args.batch * (CONTEXT - 1),
                          final_train_loss=log[-1]["train_loss"]),
         "parameters": n_params,

@@ -472,6 +472,7 @@ def main():
     probe = held_windows[:: max(1, len(held_windows) // 12)][:12]
 
     start = time.time()
+    recall_row_tokens = 0
     log = []
     previous = None
     if args.evaluate_only:
@@ -501,6 +502,7 @@ def main():
             # The two objectives weigh the same whatever their token counts: the mean over
             # the windows' tokens plus the mean over the recall rows' answer bytes.
             rx, ry, rw = recall_rows(rng, args.recall_rows, max_pairs)
+            recall_row_tokens += rx.numel()
             recall_loss = F.cross_entropy(model(rx).reshape(-1, VOCAB), ry.reshape(-1), reduction="none")
             loss = loss + (recall_loss * rw.reshape(-1)).sum() / rw.sum()
         opt.zero_grad(set_to_none=True)
@@ -561,7 +563,7 @@ def main():
                          warmup=warmup, init_from=init_from, recall_loss=args.recall_loss,
                          recall_window=args.recall_window, recall_pairs_start=args.recall_pairs_start,
                          curriculum_steps=args.curriculum_steps, recall_rows=args.recall_rows,
-                         seconds=round(train_seconds, 1), tokens=args.steps * args.batch * (CONTEXT - 1),
+                         seconds=round(train_seconds, 1), tokens=args.steps * args.batch * (CONTEXT - 1) + recall_row_tokens,
                          final_train_loss=log[-1]["train_loss"]),
         "parameters": n_params,
         "corpus": dict(package=HANDBOOK_PACKAGE, pages=len(docs), train_pages=len(train_docs),

@@ -14,6 +14,7 @@ usage: train.py --out models/handbook-byte-llama [--steps N] [--seed S]
 """
 import argparse
 import glob
+import hashlib
 import html.parser
 import json
 import math
@@ -124,14 +125,18 @@ KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 VALUE_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def recall_sequence(rng, max_len=CONTEXT - 1):
+MIN_PAIRS, MAX_PAIRS = 4, 16
+
+
+def recall_sequence(rng, max_len=CONTEXT - 1, max_pairs=MAX_PAIRS):
     """One multi-query associative-recall text and the byte spans of its answers.
 
     'recall: K=wd H=ma ... ? H=ma K=wd ...\n': pairs of one-letter keys (distinct
     within the text) and two-letter values, then queries for some of the keys in
     random order; the answer to the query 'H=' is the value 'ma' given earlier.
-    Returns (text, [(first_byte, length), ...]) with spans into text."""
-    pairs = rng.randint(4, 16)
+    Returns (text, [(first_byte, length), ...]) with spans into text. A curriculum may
+    lower max_pairs (fewer pairs are fewer distractors); the evaluation set uses 4 to 16."""
+    pairs = rng.randint(min(MIN_PAIRS, max_pairs), max_pairs)
     keys = rng.sample(KEYS, pairs)
     values = {k: rng.choice(VALUE_LETTERS) + rng.choice(VALUE_LETTERS) for k in keys}
     text = "recall: " + " ".join(f"{k}={values[k]}" for k in keys) + " ?"
@@ -232,23 +237,62 @@ class llama(torch.nn.Module):
 
 def text_window(rng, train_blob):
     start = rng.randrange(0, len(train_blob) - (CONTEXT - 1))
-    return [BOS] + list(train_blob[start:start + CONTEXT - 1])
+    return [BOS] + list(train_blob[start:start + CONTEXT - 1]), [1.0] * CONTEXT
 
 
-def recall_window(rng):
-    """A recall sequence padded with more recall sequences (each after its own BOS) to
-    CONTEXT tokens; the loss covers every token, as it does for prose."""
-    ids = []
+def recall_window(rng, train_blob, answers_only, single, max_pairs):
+    """Recall texts (each after its own BOS) to CONTEXT tokens, and a loss weight per token.
+    Packed (single false): more recall texts fill the window, so a later text's keys also
+    occur, with other values, in the texts before it. Single: one recall text, then prose
+    from the training text fills the window, so a query's key occurs once before it, as in
+    the evaluation. Weights: 1 for every token, as for prose, or with answers_only 1 for
+    the answer bytes alone (the keys and values are random, so their loss is noise that only
+    dilutes the one signal recall gives; the filling prose then has weight 0 too, so that
+    the few answers of a window are not drowned by it)."""
+    ids, weights = [], []
     while len(ids) < CONTEXT:
-        text, _ = recall_sequence(rng)
+        if single and ids:
+            prose, _ = text_window(rng, train_blob)
+            ids += prose
+            weights += [0.0 if answers_only else 1.0] * len(prose)
+            break
+        text, spans = recall_sequence(rng, max_pairs=max_pairs)
+        w = [0.0 if answers_only else 1.0] * (len(text) + 1)
+        for first, length in spans:
+            for j in range(first, first + length):
+                w[j + 1] = 1.0  # text byte j is token j + 1 after the BOS
         ids += [BOS] + list(text.encode("ascii"))
-    return ids[:CONTEXT]
+        weights += w
+    return ids[:CONTEXT], weights[:CONTEXT]
 
 
-def batch(rng, train_blob, size, recall_fraction):
-    rows = [recall_window(rng) if rng.random() < recall_fraction else text_window(rng, train_blob) for _ in range(size)]
-    t = torch.tensor(rows, dtype=torch.long)
-    return t[:, :-1], t[:, 1:]
+def batch(rng, train_blob, size, recall_fraction, recall_answers_only=False, recall_single=False,
+          max_pairs=MAX_PAIRS):
+    rows = [recall_window(rng, train_blob, recall_answers_only, recall_single, max_pairs)
+            if rng.random() < recall_fraction else text_window(rng, train_blob) for _ in range(size)]
+    t = torch.tensor([ids for ids, _ in rows], dtype=torch.long)
+    w = torch.tensor([weights for _, weights in rows], dtype=torch.float32)
+    return t[:, :-1], t[:, 1:], w[:, 1:]
+
+
+def recall_rows(rng, rows, max_pairs):
+    """`rows` short rows of one recall text each (after its BOS), padded with EOS to the
+    longest text of the step, with loss weight 1 on the answer bytes alone. Shorter than a
+    CONTEXT window, so a step holds several times more recall texts for the same compute."""
+    texts = [recall_sequence(rng, max_pairs=max_pairs) for _ in range(rows)]
+    length = max(len(text) for text, _ in texts) + 1
+    ids, weights = [], []
+    for text, spans in texts:
+        row = [BOS] + list(text.encode("ascii"))
+        w = [0.0] * length
+        for first, n in spans:
+            for j in range(first, first + n):
+                w[j + 1] = 1.0  # text byte j is token j + 1 after the BOS
+        ids.append(row + [EOS] * (length - len(row)))  # padding after the text: causal, unseen
+        weights.append(w)
+    t = torch.tensor(ids, dtype=torch.long)
+    w = torch.tensor(weights, dtype=torch.float32)
+    return t[:, :-1], t[:, 1:], w[:, 1:]
 
 
 # ---------------------------------------------------------------- evaluation
@@ -275,16 +319,21 @@ def window_nats(model, windows, chunk=32):
 def recall_scores(model, items):
     """Per query: whether the greedy (argmax) prediction of every answer byte is right given
     the text before it, the smallest top-1 minus top-2 logit gap over its bytes, and the
-    argmax token of each of its bytes."""
+    argmax token of each of its bytes; and the mean negative log-likelihood (nats) of an answer
+    byte, which moves before the accuracy does (guessing among 26 letters is 3.26)."""
     correct, margins, predicted = [], [], []
+    answer_nats, answer_bytes = 0.0, 0
     for text, spans in items:
         ids = torch.tensor([[BOS] + list(text.encode("ascii"))], dtype=torch.long)
         logits = model(ids[:, :-1])[0]
+        log_probs = F.log_softmax(logits.double(), dim=-1)
         for first, length in spans:
             ok, margin, argmaxes = True, float("inf"), []
             for j in range(first, first + length):
                 # The byte at text position j is token j + 1, predicted by the logits of row j.
                 row = logits[j]
+                answer_nats -= float(log_probs[j, ids[0, j + 1]])
+                answer_bytes += 1
                 top2 = torch.topk(row, 2)
                 argmaxes.append(int(top2.indices[0]))
                 ok = ok and argmaxes[-1] == int(ids[0, j + 1])
@@ -292,7 +341,7 @@ def recall_scores(model, items):
             correct.append(ok)
             margins.append(margin)
             predicted.append(argmaxes)
-    return correct, margins, predicted
+    return correct, margins, predicted, answer_nats / max(1, answer_bytes)
 
 
 # ---------------------------------------------------------------- output
@@ -360,6 +409,21 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--init-from", default=None,
+                    help="warm start: a model.safetensors this script wrote (same architecture) instead of the "
+                         "seeded random initialisation; its SHA-256 is recorded in results.json")
+    ap.add_argument("--recall-loss", choices=("all", "answers"), default="all",
+                    help="which tokens of a recall window the loss covers: all, or only the answer bytes")
+    ap.add_argument("--recall-window", choices=("packed", "single"), default="packed",
+                    help="a recall training window: recall texts packed, or one recall text then prose")
+    ap.add_argument("--recall-pairs-start", type=int, default=MAX_PAIRS,
+                    help="curriculum: the most pairs a training recall text has at step 0 (1 to 16)")
+    ap.add_argument("--curriculum-steps", type=int, default=0,
+                    help="steps over which the most pairs rises from --recall-pairs-start to 16 (0: no curriculum)")
+    ap.add_argument("--recall-rows", type=int, default=0,
+                    help="each step also trains on this many short rows of one recall text each, answers only "
+                         "(their mean loss added to the windows'); 0: none")
+    ap.add_argument("--warmup", type=int, default=None, help="learning-rate warm-up steps (default steps // 30)")
     ap.add_argument("--evaluate-only", action="store_true",
                     help="no training: evaluate --out's model.safetensors and rewrite the evaluation files")
     ap.add_argument("--sample-bytes", type=int, default=255 * 128, help="held-out prose shipped for the C++ tests")
@@ -385,7 +449,15 @@ def main():
     no_decay = [p for n, p in model.params.items() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95))
-    warmup = max(1, args.steps // 30)
+    warmup = args.warmup if args.warmup is not None else max(1, args.steps // 30)
+    init_from = None
+    if args.init_from and not args.evaluate_only:
+        with open(args.init_from, "rb") as f:
+            init_from = dict(file=args.init_from, sha256=hashlib.sha256(f.read()).hexdigest())
+        with torch.no_grad():
+            for name, value in read_safetensors(args.init_from).items():
+                model.params[name].copy_(value)
+        print(f"warm start from {args.init_from} (sha256 {init_from['sha256']})", flush=True)
 
     def lr_at(step):
         if step < warmup:
@@ -400,6 +472,7 @@ def main():
     probe = held_windows[:: max(1, len(held_windows) // 12)][:12]
 
     start = time.time()
+    recall_row_tokens = 0
     log = []
     previous = None
     if args.evaluate_only:
@@ -414,9 +487,24 @@ def main():
     for step in range(0 if args.evaluate_only else args.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        x, y = batch(rng, train_blob, args.batch, args.recall_fraction)
+        # Curriculum: the most pairs a recall text may have rises linearly from
+        # --recall-pairs-start to 16 over the first --curriculum-steps steps.
+        max_pairs = MAX_PAIRS
+        if args.curriculum_steps > 0 and step < args.curriculum_steps:
+            start_pairs = args.recall_pairs_start
+            max_pairs = start_pairs + int((MAX_PAIRS - start_pairs) * step / args.curriculum_steps)
+        x, y, w = batch(rng, train_blob, args.batch, args.recall_fraction, args.recall_loss == "answers",
+                        args.recall_window == "single", max_pairs)
         logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+        token_loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="none")
+        loss = (token_loss * w.reshape(-1)).sum() / w.sum()
+        if args.recall_rows > 0:
+            # The two objectives weigh the same whatever their token counts: the mean over
+            # the windows' tokens plus the mean over the recall rows' answer bytes.
+            rx, ry, rw = recall_rows(rng, args.recall_rows, max_pairs)
+            recall_row_tokens += rx.numel()
+            recall_loss = F.cross_entropy(model(rx).reshape(-1, VOCAB), ry.reshape(-1), reduction="none")
+            loss = loss + (recall_loss * rw.reshape(-1)).sum() / rw.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -425,11 +513,12 @@ def main():
             model.eval()
             probe_nats = window_nats(model, probe)
             held_bpb = sum(probe_nats) / (len(probe) * (CONTEXT - 1)) / math.log(2)
-            correct, _, _ = recall_scores(model, recall_items[:32])
+            correct, _, _, answer_nats = recall_scores(model, recall_items[:32])
             model.train()
             entry = dict(step=step, seconds=round(time.time() - start, 1), train_loss=round(loss.item(), 4),
                          heldout_probe_bits_per_byte=round(held_bpb, 4),
-                         recall_probe_accuracy=round(sum(correct) / len(correct), 4))
+                         recall_probe_accuracy=round(sum(correct) / len(correct), 4),
+                         recall_probe_answer_nats=round(answer_nats, 4))
             log.append(entry)
             print(json.dumps(entry), flush=True)
     train_seconds = previous["training"]["seconds"] if previous else time.time() - start
@@ -453,7 +542,7 @@ def main():
     with open(os.path.join(args.out, "heldout_sample.txt"), "wb") as f:
         f.write(sample)
 
-    correct, margins, predicted = recall_scores(model, recall_items)
+    correct, margins, predicted, answer_nats = recall_scores(model, recall_items)
     shipped = recall_items[: args.recall_shipped]
     shipped_queries = sum(len(s) for _, s in shipped)
     with open(os.path.join(args.out, "recall_set.json"), "w") as f:
@@ -471,7 +560,10 @@ def main():
         "computed_by": f"PyTorch {torch.__version__}, float32, on the F16 weights of model.safetensors",
         "training": previous["training"] if previous else dict(steps=args.steps, batch=args.batch, context=CONTEXT, lr=args.lr,
                          recall_fraction=args.recall_fraction, seed=args.seed, threads=args.threads,
-                         seconds=round(train_seconds, 1), tokens=args.steps * args.batch * (CONTEXT - 1),
+                         warmup=warmup, init_from=init_from, recall_loss=args.recall_loss,
+                         recall_window=args.recall_window, recall_pairs_start=args.recall_pairs_start,
+                         curriculum_steps=args.curriculum_steps, recall_rows=args.recall_rows,
+                         seconds=round(train_seconds, 1), tokens=args.steps * args.batch * (CONTEXT - 1) + recall_row_tokens,
                          final_train_loss=log[-1]["train_loss"]),
         "parameters": n_params,
         "corpus": dict(package=HANDBOOK_PACKAGE, pages=len(docs), train_pages=len(train_docs),
@@ -482,7 +574,8 @@ def main():
         "heldout_sample": dict(file="heldout_sample.txt", window_bytes=CONTEXT - 1, windows=len(sample_windows),
                                bits_per_byte=sum(sample_nats) / (len(sample_windows) * (CONTEXT - 1)) / ln2,
                                window_nats=sample_nats),
-        "recall": dict(texts=len(recall_items), queries=len(correct), accuracy=sum(correct) / len(correct)),
+        "recall": dict(texts=len(recall_items), queries=len(correct), accuracy=sum(correct) / len(correct),
+                       answer_nats_per_byte=answer_nats),
         "recall_set": dict(file="recall_set.json", texts=len(shipped), queries=shipped_queries,
                            accuracy=sum(correct[:shipped_queries]) / shipped_queries,
                            correct=correct[:shipped_queries],

@@ -128,6 +128,10 @@ void print_held(const ex::cached_generation& run, const ex::cache_options& cache
     const std::size_t row_bytes = 2 * std::size_t(config.num_kv_heads) * std::size_t(config.head_dim) *
                                   kvcache::element_size(cache.element);
     std::printf("kv policy: %s; %d compactions\n", cache.compression.describe().c_str(), run.compactions);
+    if (run.rows_held.empty()) {  // the CUDA path does not report rows (it runs no policy)
+        std::printf("pages in use: %zu bytes\n", run.bytes_used);
+        return;
+    }
     std::size_t total = 0;
     for (std::size_t l = 0; l < run.rows_held.size(); ++l) {
         std::printf("layer %zu holds %d tokens, %zu bytes\n", l, run.rows_held[l], run.rows_held[l] * row_bytes);
@@ -178,6 +182,10 @@ int run(int argc, char** argv) {
     cache.compression = compression_of(args);
     if (cache.compression.active() && !want_cached_of(args))
         throw ex::usage_error("--kv-policy evicts from the cache; --no-cache has none");
+    // --compare checks the cache against recomputation, which keeps every row: evicting makes them differ.
+    if (cache.compression.active() && args.has("--compare"))
+        throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
+                              " evicts rows that recomputation keeps; --compare checks a cache that keeps them all");
     if (cache.compression.active() && cache.layout != kvcache::layout_kind::paged)
         throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
                               " compacts the paged layout; --layout is " + kvcache::to_string(cache.layout));

@@ -2,6 +2,9 @@
 // Qwen2 shapes) from a folder with kvcache: greedy generation from token ids,
 // cached or recomputed (--no-cache), or both compared (--compare).
 #include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +16,7 @@
 #include "common/run_main.hpp"
 #include "kvcache_engine/arguments.hpp"
 #include "kvcache_engine/checkpoint_loader.hpp"
+#include "kvcache_engine/compression.hpp"
 #include "kvcache_engine/compute_backend.hpp"
 #include "kvcache_engine/kvcache_attention.hpp"
 #include "kvcache_engine/timing.hpp"
@@ -47,6 +51,17 @@ options:
   --page-size N          paged: tokens per page (default 16)
   --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
   --sinks N              sliding_window: first positions kept forever in those layers (default 4)
+  --kv-policy NAME       none | streaming | h2o | snapkv | tova | knorm | random: evict K/V rows once a
+                         layer holds more than its budget (paged layout, CPU backend; default none)
+  --kv-budget N          rows each layer keeps (tokens per sequence; default: --kv-ratio 0.5)
+  --kv-ratio R           or a ratio in (0, 1] of the sequence's length (never below sinks + recent)
+  --kv-layer-budgets K   uniform | pyramid: the same budget per layer, or PyramidKV's decreasing ones
+                         of the same total (default uniform)
+  --kv-compress-every N  decode steps between compactions; 0: only after the prefill (default 1)
+  --kv-sinks N           first rows every policy keeps (default 4)
+  --kv-recent N          last rows every policy keeps (default 8)
+  --kv-window N          snapkv: the prompt's last queries whose attention ranks rows (default 16)
+  --kv-seed N            random: the seed (default 0)
   --threads N            CPU threads (default: all cores)
   --dump-logits FILE     write every step's logits: a text header, then float32 little-endian
   --help                 this text
@@ -76,10 +91,61 @@ double ms_per_token(const ex::generation_trace& t) {
     return sum / static_cast<double>(t.step_seconds.size() - 1) * 1e3;
 }
 
+bool want_cached_of(const ex::arguments& args) { return !args.has("--no-cache"); }
+
+// The --kv-* flags; the library refuses a budget below sinks + recent and a ratio outside (0, 1].
+ex::compression_options compression_of(const ex::arguments& args) {
+    ex::compression_options c;
+    c.policy = kvcache::parse_eviction_policy(args.text("--kv-policy", "none"));
+    if (args.has("--kv-budget") && args.has("--kv-ratio"))
+        throw ex::usage_error("--kv-budget and --kv-ratio exclude each other");
+    const std::string layer_budgets = args.text("--kv-layer-budgets", "uniform");
+    if (layer_budgets != "uniform" && layer_budgets != "pyramid")
+        throw ex::usage_error("--kv-layer-budgets '" + layer_budgets + "' is not one of uniform, pyramid");
+    c.pyramid = layer_budgets == "pyramid";
+    c.compress_every = args.integer("--kv-compress-every", 1, 0, 1 << 20);
+    c.sinks = args.integer("--kv-sinks", 4, 0, 1 << 20);
+    c.recent = args.integer("--kv-recent", 8, 0, 1 << 20);
+    c.observation_window = args.integer("--kv-window", 16, 1, 1 << 20);
+    c.seed = static_cast<std::uint64_t>(args.integer("--kv-seed", 0, 0, 1 << 30));
+    if (args.has("--kv-budget")) {
+        const std::string text = args.text("--kv-budget", "");
+        const int tokens = ex::arguments::parse_int("--kv-budget", text, INT_MIN, INT_MAX);
+        c.budget = kvcache::eviction_budget::of_tokens(tokens);
+    } else {
+        const std::string text = args.text("--kv-ratio", "0.5");
+        char* end = nullptr;
+        const double ratio = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0') throw ex::usage_error("--kv-ratio '" + text + "' is not a number");
+        c.budget = kvcache::eviction_budget::of_ratio(ratio);
+    }
+    c.validate();
+    return c;
+}
+
+// Tokens and bytes each layer holds at the end, and the pages the sequence held.
+void print_held(const ex::cached_generation& run, const ex::cache_options& cache, const ex::model_config& config) {
+    const std::size_t row_bytes = 2 * std::size_t(config.num_kv_heads) * std::size_t(config.head_dim) *
+                                  kvcache::element_size(cache.element);
+    std::printf("kv policy: %s; %d compactions\n", cache.compression.describe().c_str(), run.compactions);
+    if (run.rows_held.empty()) {  // the CUDA path does not report rows (it runs no policy)
+        std::printf("pages in use: %zu bytes\n", run.bytes_used);
+        return;
+    }
+    std::size_t total = 0;
+    for (std::size_t l = 0; l < run.rows_held.size(); ++l) {
+        std::printf("layer %zu holds %d tokens, %zu bytes\n", l, run.rows_held[l], run.rows_held[l] * row_bytes);
+        total += run.rows_held[l] * row_bytes;
+    }
+    std::printf("held in all layers: %zu bytes in rows; pages in use: %zu bytes\n", total, run.bytes_used);
+}
+
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help", "--no-cache", "--compare"},
                        {"--model", "--prompt-ids", "--max-new-tokens", "--backend", "--layout", "--dtype", "--page-size", "--window",
-                        "--sinks", "--threads", "--dump-logits"});
+                        "--sinks", "--threads", "--dump-logits", "--kv-policy", "--kv-budget", "--kv-ratio",
+                        "--kv-layer-budgets", "--kv-compress-every", "--kv-sinks", "--kv-recent", "--kv-window",
+                        "--kv-seed"});
     if (args.has("--help")) {
         std::cout << usage;
         return 0;
@@ -113,6 +179,19 @@ int run(int argc, char** argv) {
     cache.window = args.integer("--window", 4096, 1, 1 << 24);
     cache.sinks = args.integer("--sinks", 4, 0, 1 << 20);
     cache.prefill_chunk = 64;
+    cache.compression = compression_of(args);
+    if (cache.compression.active() && !want_cached_of(args))
+        throw ex::usage_error("--kv-policy evicts from the cache; --no-cache has none");
+    // --compare checks the cache against recomputation, which keeps every row: evicting makes them differ.
+    if (cache.compression.active() && args.has("--compare"))
+        throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
+                              " evicts rows that recomputation keeps; --compare checks a cache that keeps them all");
+    if (cache.compression.active() && cache.layout != kvcache::layout_kind::paged)
+        throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
+                              " compacts the paged layout; --layout is " + kvcache::to_string(cache.layout));
+    if (cache.compression.active() && backend_request == "cuda")
+        throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
+                              " runs on the CPU backend; --backend cuda was asked for");
     int windowed_layers = 0;
     for (int l = 0; l < config.num_layers; ++l) windowed_layers += config.window_of(l) > 0;
 
@@ -131,7 +210,9 @@ int run(int argc, char** argv) {
         runner = &ex::generate_with_kvcache<>;
     }
     ex::backend_choice backend{ex::compute_backend::cpu, "--no-cache: recomputation runs on the CPU"};
-    if (want_cached) {
+    if (want_cached && cache.compression.active())
+        backend = {ex::compute_backend::cpu, "--kv-policy: eviction runs on the CPU backend"};
+    else if (want_cached) {
         backend = ex::choose_backend(backend_request);
         if (backend.backend == ex::compute_backend::cuda) {
             if (ex::cached_runner cuda = ex::cuda_runner_for(wanted)) {
@@ -220,6 +301,7 @@ int run(int argc, char** argv) {
                     config.num_layers,
                     kvcache::to_string(cache.element), double(run.bytes_reserved) / (tokens * config.num_layers));
         std::printf("cached: %.2f ms/token (prefill %.1f ms)\n", ms_per_token(cached), cached.step_seconds[0] * 1e3);
+        if (args.has("--kv-policy")) print_held(run, cache, config);
     }
     if (want_recompute) {
         ex::recompute_attention attention(config, pool, want_cached ? cache.element : kvcache::element_kind::fp32,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -15,36 +16,60 @@
 
 #include "kvcache_engine/kvcache_attention.hpp"
 #include "kvcache_engine/tensor_ops.hpp"
+#include "kvcache_engine/timing.hpp"
 #include "kvcache_engine/tiny_llama.hpp"
 
 namespace kvcache::examples {
 
-/// Feeds tokens[0 .. count-2] one at a time at positions 0, 1, ... into a fresh owner of the
-/// layout and element type `cache` asks for, and calls observe(position, logits, vocab) after
-/// each: the logits predict tokens[position + 1]. Models that window some of their own layers
-/// (Mistral, some Qwen2) are refused: their cached path routes layers to two owners.
+/// What a teacher-forced sequence left in its cache, and the time its decode steps took.
+struct cache_footprint {
+    std::vector<int> rows_held;   ///< per layer, rows the sequence held after its last step
+    std::size_t bytes_used = 0;   ///< the owner's bytes in use then (paged: its pages; else reserved)
+    int compactions = 0;          ///< compactions the policy ran
+    double decode_seconds = 0.0;  ///< the one-token forward passes, summed
+    int decode_steps = 0;         ///< their number
+};
+
+/// Feeds tokens[0 .. count-2] into a fresh owner of the layout and element type `cache` asks
+/// for (with its compression policy): the first `prompt` tokens as one prefill (its logits,
+/// those of position prompt - 1, observed), then one at a time at positions prompt, prompt + 1,
+/// ..., calling observe(position, logits, vocab) after each: the logits predict
+/// tokens[position + 1]. Models that window some of their own layers (Mistral, some Qwen2) are
+/// refused: their cached path routes layers to two owners.
 /// @tparam Configurations a type_list of kvcache::configuration to dispatch over
 /// @tparam Observe a callable taking (int position, const float* logits, int vocab)
 template <class Configurations = engine_configurations, class Observe>
-void teacher_force_with_kvcache(llama_model& model, const std::vector<int>& tokens, int count,
-                                const cache_options& cache, Observe&& observe) {
+cache_footprint teacher_force_with_kvcache(llama_model& model, const std::vector<int>& tokens, int count,
+                                           const cache_options& cache, Observe&& observe, int prompt = 1) {
     const model_config& c = model.config();
     require(count >= 2 && static_cast<std::size_t>(count) <= tokens.size(), error_code::invalid_argument,
             "teacher forcing: count = ", count, " must be in [2, ", tokens.size(), "] (the sequence's length)");
+    require(prompt >= 1 && prompt < count, error_code::invalid_argument, "teacher forcing: prompt = ", prompt,
+            " must be in [1, count - 1 = ", count - 1, "]");
     require(c.layer_window.empty(), error_code::unsupported_configuration,
             "teacher forcing: the model windows some of its own layers; only full-attention models are evaluated");
-    dispatch(Configurations{}, wanted_configuration(model, cache), [&](auto config) {
+    return dispatch(Configurations{}, wanted_configuration(model, cache), [&](auto config) {
         using configuration = decltype(config);
         using element = typename configuration::element;
         using heads = typename configuration::heads;
         return detail::with_owner<element, heads, host_memory>(
             typename configuration::layout{}, config.head_counts(), cache, c.num_layers, count, [&](auto& owner) {
                 kvcache_attention<std::decay_t<decltype(owner)>> attention(owner);
-                for (int t = 0; t + 1 < count; ++t) {
-                    const std::vector<float> logits = model.forward(&tokens[static_cast<std::size_t>(t)], 1, t, attention);
+                attention.compress_with(cache.compression);
+                cache_footprint footprint;
+                std::vector<float> logits = model.forward(tokens.data(), prompt, 0, attention);
+                observe(prompt - 1, logits.data(), static_cast<int>(logits.size()));
+                for (int t = prompt; t + 1 < count; ++t) {
+                    const auto start = std::chrono::steady_clock::now();
+                    logits = model.forward(&tokens[static_cast<std::size_t>(t)], 1, t, attention);
+                    footprint.decode_seconds += seconds_since(start);
+                    ++footprint.decode_steps;
                     observe(t, logits.data(), static_cast<int>(logits.size()));
                 }
-                return 0;
+                footprint.rows_held = attention.rows_held();
+                footprint.compactions = attention.compactions();
+                footprint.bytes_used = detail::bytes_used_of(owner);
+                return footprint;
             });
     });
 }

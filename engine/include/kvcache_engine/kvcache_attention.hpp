@@ -22,7 +22,9 @@
 #include "kvcache/cache/step_plan.hpp"
 #include "kvcache/configuration/dispatch.hpp"
 #include "kvcache/core/memory.hpp"
+#include "kvcache/policy/key_norms.hpp"
 #include "kvcache_engine/attention_backend.hpp"
+#include "kvcache_engine/compression.hpp"
 #include "kvcache_engine/tiny_llama.hpp"
 
 namespace kvcache::examples {
@@ -47,8 +49,26 @@ void append_and_attend(const Backend& backend, const Plan& plan, int layer, span
         backend.prefill(prefill_params(view, queries, plan.new_token_offsets(), outputs));
 }
 
+namespace detail {
+template <class Cache, class = void>
+struct compacts : std::false_type {};
+template <class Cache>
+struct compacts<Cache, std::void_t<decltype(std::declval<Cache&>().compact(sequence_id{},
+                                                                          std::vector<std::vector<int>>{}))>>
+    : std::true_type {};
+}  // namespace detail
+
+/// True when the owner can keep chosen rows of a sequence (paged_cache::compact).
+/// @tparam Cache a kvcache owner
+template <class Cache>
+inline constexpr bool compacts_v = detail::compacts<Cache>::value;
+
 /// attention_backend over one sequence of a host-memory kvcache owner on a
-/// host backend object: float rows go in as they are.
+/// host backend object: float rows go in as they are. With a compression
+/// policy (compress_with; paged owners) each step also asks the kernels for
+/// the scores the policy needs, and at the end of a pass that the schedule
+/// says is due (compression.hpp) every layer over its budget keeps the rows
+/// select_rows chooses, through the owner's compact().
 /// @tparam Cache a kvcache owner (static_cache, paged_cache, sliding_window_cache) in host memory
 /// @tparam Backend cpu_backend (or reference_backend)
 template <class Cache, class Backend>
@@ -67,27 +87,118 @@ public:
     host_attention(const host_attention&) = delete;
     host_attention& operator=(const host_attention&) = delete;
 
+    /// Evicts with `options` from the next pass on (a policy other than none
+    /// needs an owner with compact(): the paged one). Throws the library's
+    /// errors for a bad budget, ratio or window before anything changes.
+    void compress_with(const compression_options& options) {
+        if (!options.active()) return;
+        require(compacts_v<Cache>, error_code::unsupported_configuration, "eviction policy ",
+                to_string(options.policy), " needs a cache that compacts: the paged layout");
+        options.validate();
+        compression_ = options;
+        scores_ = policy_scores(options, cache_.layers(), cache_.kv_heads());
+        schedule_ = compaction_schedule(options.compress_every);
+    }
+
     void begin_tokens(int first_position, int tokens) override {
         const int length = cache_.length(batch_[0]);
         require(length == first_position, error_code::invalid_argument, "kvcache_attention: the cache is at position ",
                 length, " but the model feeds position ", first_position);
         cache_.replan(plan_, batch_, {tokens});  // reuses the plan's buffers step after step
+        prefill_ = tokens > 1;
     }
 
     void attend(int layer, const float* q, const float* k, const float* v, int tokens, float* out) override {
         const std::size_t q_count = std::size_t(tokens) * cache_.query_heads() * heads::head_dim;
         const std::size_t kv_count = std::size_t(tokens) * cache_.kv_heads() * heads::head_dim;
-        append_and_attend(backend_, plan_, layer, span<const float>(q, q_count), span<const float>(k, kv_count),
-                          span<const float>(v, kv_count), span<float>(out, q_count));
+        const span<const float> queries(q, q_count), keys(k, kv_count), values(v, kv_count);
+        if (!compression_.active()) {
+            append_and_attend(backend_, plan_, layer, queries, keys, values, span<float>(out, q_count));
+            return;
+        }
+        if constexpr (compacts_v<Cache>) {
+            attend_scored(layer, queries, keys, values, span<float>(out, q_count));
+            if (layer + 1 == cache_.layers() && schedule_.due_after(prefill_)) compact_over_budget();
+        }
     }
 
     sequence_id sequence() const noexcept { return batch_[0]; }
 
+    /// Rows each layer of the sequence holds now (a compacted layer fewer than its length).
+    std::vector<int> rows_held() const {
+        std::vector<int> rows(std::size_t(cache_.layers()), cache_.length(batch_[0]));
+        if constexpr (compacts_v<Cache>)
+            for (int l = 0; l < cache_.layers(); ++l) rows[std::size_t(l)] = cache_.visible_count(batch_[0], l);
+        return rows;
+    }
+    /// Compactions run so far.
+    int compactions() const noexcept { return schedule_.count(); }
+
 private:
+    // append_and_attend, with the step's scores recorded when the policy needs them.
+    void attend_scored(int layer, span<const float> queries, span<const float> keys, span<const float> values,
+                       span<float> outputs) {
+        const auto view = plan_.view(layer);
+        backend_.append(append_params(view, keys, values, plan_.new_token_offsets()));
+        const int rows = cache_.visible_count(batch_[0], layer);
+        span<float> scores;
+        if (scores_.wanted()) {
+            step_scores_.assign(std::size_t(cache_.kv_heads()) * std::size_t(rows), 0.0f);
+            scores = span<float>(step_scores_.data(), step_scores_.size());
+        }
+        if (!prefill_) {
+            decode_params call(view, queries, outputs);
+            call.scores = scores;
+            call.score_stride = rows;
+            backend_.decode(call);
+        } else {
+            prefill_params call(view, queries, plan_.new_token_offsets(), outputs);
+            call.scores = scores;
+            call.score_stride = rows;
+            call.score_queries = scores_.prefill_queries(plan_.new_tokens(0));
+            backend_.prefill(call);
+        }
+        if (scores_.wanted())
+            scores_.record(layer, span<const float>(step_scores_.data(), step_scores_.size()), rows, rows, prefill_);
+    }
+
+    // Every layer over its budget keeps select_rows' choice; all layers in one compact().
+    void compact_over_budget() {
+        const sequence_id id = batch_[0];
+        const std::vector<int> budgets = compression_.layer_budgets(cache_.layers(), cache_.length(id));
+        std::vector<std::vector<int>> kept(budgets.size());
+        bool over = false;
+        for (int l = 0; l < cache_.layers(); ++l) {
+            const int rows = cache_.visible_count(id, l);
+            const selection_options options = compression_.selection(l, schedule_.count());
+            if (rows <= budgets[std::size_t(l)]) {  // within budget: every row stays
+                for (int i = 0; i < rows; ++i) kept[std::size_t(l)].push_back(i);
+            } else if (compression_.policy == eviction_policy::knorm) {
+                norms_.assign(std::size_t(cache_.kv_heads()) * std::size_t(rows), 0.0f);
+                key_norms(plan_.view(l), span<float>(norms_.data(), norms_.size()), rows);
+                kept[std::size_t(l)] = select_rows(options, budgets[std::size_t(l)], rows,
+                                                   row_scores{span<const float>(norms_.data(), norms_.size()),
+                                                              cache_.kv_heads(), rows});
+            } else {
+                kept[std::size_t(l)] = select_rows(options, budgets[std::size_t(l)], rows, scores_.of(l));
+            }
+            over = over || rows > budgets[std::size_t(l)];
+        }
+        if (!over) return;
+        cache_.compact(id, kept);
+        for (int l = 0; l < cache_.layers(); ++l) scores_.kept(l, kept[std::size_t(l)]);
+        schedule_.compacted();
+    }
+
     Cache& cache_;
     Backend backend_;
     std::vector<sequence_id> batch_;
     typename Cache::plan_type plan_;
+    bool prefill_ = false;
+    compression_options compression_;
+    policy_scores scores_{compression_options{}, 1, 1};
+    compaction_schedule schedule_{0};
+    std::vector<float> step_scores_, norms_;
 };
 
 /// The CPU cached path's attention_backend.
@@ -127,6 +238,7 @@ struct cache_options {
     int window = 256;        ///< sliding window: recent keys a query sees
     int sinks = 4;           ///< sliding window: first positions kept forever
     int prefill_chunk = 64;  ///< sliding window, and models with windowed layers: the prompt goes in chunks of this many tokens
+    compression_options compression;  ///< key-token selection (paged layout, CPU path); none by default
 
     /// The visibility rule the cache applies, for the recompute path to match.
     attention_visibility visibility() const noexcept {
@@ -138,6 +250,9 @@ struct cache_options {
 struct cached_generation {
     generation_trace trace;
     std::size_t bytes_reserved = 0;  ///< cache memory allocated
+    std::size_t bytes_used = 0;      ///< cache memory the sequence's pages held at the end (paged; else bytes_reserved)
+    std::vector<int> rows_held;      ///< per layer, the rows the sequence held at the end (CPU path)
+    int compactions = 0;             ///< compactions the policy ran
 };
 
 /// A cached generation path compiled for one head shape (CPU or CUDA).
@@ -146,13 +261,44 @@ using cached_runner = cached_generation (*)(llama_model&, const std::vector<int>
 
 namespace detail {
 
+template <class Attention, class = void>
+struct has_compress_with : std::false_type {};
+template <class Attention>
+struct has_compress_with<Attention, std::void_t<decltype(std::declval<Attention&>().compress_with(compression_options{}))>>
+    : std::true_type {};
+
+// Applies the cache options' policy where the attention backend can (the CPU path); elsewhere a
+// policy is refused by name.
+template <class Attention>
+void apply_compression(Attention& attention, const compression_options& compression) {
+    if constexpr (has_compress_with<Attention>::value)
+        attention.compress_with(compression);
+    else
+        require(!compression.active(), error_code::unsupported_configuration, "eviction policy ",
+                to_string(compression.policy), " runs on the CPU backend only");
+}
+
+template <class Cache>
+std::size_t bytes_used_of(const Cache& cache) {
+    if constexpr (compacts_v<Cache>)
+        return cache.bytes_used();
+    else
+        return cache.bytes_reserved();
+}
+
 template <template <class> class Attention, class Cache>
 cached_generation generate_in(Cache& cache, llama_model& model, const std::vector<int>& prompt, int new_tokens,
-                              generation_options options) {
+                              generation_options options, const compression_options& compression = {}) {
     cached_generation result;
     {
         Attention<Cache> attention(cache);
+        apply_compression(attention, compression);
         result.trace = generate(model, prompt, new_tokens, attention, generation_mode::cached, options);
+        if constexpr (has_compress_with<Attention<Cache>>::value) {
+            result.rows_held = attention.rows_held();
+            result.compactions = attention.compactions();
+        }
+        result.bytes_used = bytes_used_of(cache);  // before the sequence goes with the attention
     }
     result.bytes_reserved = cache.bytes_reserved();
     return result;
@@ -213,10 +359,13 @@ cached_generation generate_configured(const Configuration& config, llama_model& 
         windowed.push_back(l);
     }
     if (cache.layout == layout_kind::sliding_window || !windowed.empty()) options.prefill_chunk = cache.prefill_chunk;
+    require(!cache.compression.active() || windowed.empty(), error_code::unsupported_configuration, "eviction policy ",
+            to_string(cache.compression.policy), " needs a model without windowed layers (this one windows ",
+            windowed.size(), " of ", c.num_layers, ")");
     if (windowed.empty())
         return with_owner<Element, Heads, Memory>(Layout{}, heads, cache, c.num_layers, total, [&](auto& owner) {
             set_cache_scales(owner, c, full);
-            return generate_in<Attention>(owner, model, prompt, new_tokens, options);
+            return generate_in<Attention>(owner, model, prompt, new_tokens, options, cache.compression);
         });
     using window_owner = sliding_window_cache<Element, Heads, Memory>;
     window_owner windows(heads, static_cast<int>(windowed.size()), 1, window, 0, cache.prefill_chunk);

@@ -1,0 +1,32 @@
+# Runs 06_llama with --kv-policy POLICY --kv-budget BUDGET and with --kv-policy none on the same
+# prompt, and checks that every one of LAYERS layers ends holding exactly BUDGET tokens and that
+# the policy's pages hold fewer bytes than the full cache's (the pool's own accounting).
+# -DLLAMA=exe -DMODEL=dir -DPROMPT=ids -DPOLICY=name -DBUDGET=n -DLAYERS=n [-DEXTRA=a;b]
+set(_common --model ${MODEL} --prompt-ids ${PROMPT} --max-new-tokens 40 --backend cpu --threads 2 --page-size 4)
+function(run_llama policy out_var)
+    execute_process(COMMAND ${LLAMA} ${_common} --kv-policy ${policy} ${ARGN}
+                    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0)
+        message(FATAL_ERROR "06_llama --kv-policy ${policy} failed (${rc}): ${out}${err}")
+    endif()
+    set(${out_var} "${out}" PARENT_SCOPE)
+endfunction()
+run_llama(none full_out)
+run_llama(${POLICY} policy_out --kv-budget ${BUDGET} ${EXTRA})
+message(STATUS "${policy_out}")
+math(EXPR _last "${LAYERS} - 1")
+foreach(l RANGE 0 ${_last})
+    if(NOT policy_out MATCHES "layer ${l} holds ${BUDGET} tokens, [0-9]+ bytes")
+        message(FATAL_ERROR "${POLICY}: layer ${l} does not hold ${BUDGET} tokens")
+    endif()
+endforeach()
+foreach(v full policy)
+    if(NOT ${v}_out MATCHES "pages in use: ([0-9]+) bytes")
+        message(FATAL_ERROR "no 'pages in use' line in the ${v} run")
+    endif()
+    set(${v}_bytes ${CMAKE_MATCH_1})
+endforeach()
+if(NOT policy_bytes LESS full_bytes)
+    message(FATAL_ERROR "${POLICY} holds ${policy_bytes} bytes, not fewer than the full cache's ${full_bytes}")
+endif()
+message(STATUS "${POLICY}: ${policy_bytes} bytes in pages against ${full_bytes} with the full cache: fewer")

@@ -73,6 +73,19 @@ bool same_rows(const paged_cache<Element, heads>& a, sequence_id ia, const paged
     return true;
 }
 
+/// Whether the reference's decode attention of one query over layer `layer`
+/// of sequence ia in a equals that of ib in b (the same rows attend the same).
+template <class CacheA, class CacheB>
+bool same_attention(CacheA& a, sequence_id ia, CacheB& b, sequence_id ib, int layer) {
+    const reference_backend reference;
+    std::vector<float> q(8 * 32), out_a(q.size()), out_b(q.size());
+    std::iota(q.begin(), q.end(), -100.0f);
+    for (float& x : q) x /= 128.0f;
+    reference.decode(decode_params(a.view(layer, {ia}), q, out_a));
+    reference.decode(decode_params(b.view(layer, {ib}), q, out_b));
+    return out_a == out_b;
+}
+
 /// What a refused import must leave as it was.
 struct snapshot {
     std::vector<sequence_id> sequences;
@@ -105,13 +118,7 @@ TEST_CASE("a sequence's pages go through bytes into another cache and attend the
     CHECK(decode.match_prefix(again, std::vector<std::int32_t>(tokens.begin(), tokens.begin() + 44)) == 40);
     CHECK(decode.page_references(decode.pages(id)[0]) == 2);
     // Attention on the receiver equals attention on the sender (rows are equal).
-    const reference_backend reference;
-    std::vector<float> q(8 * 32), out_a(q.size()), out_b(q.size());
-    std::iota(q.begin(), q.end(), -100.0f);
-    for (float& x : q) x /= 128.0f;
-    reference.decode(decode_params(prefill.view(1, {source}), q, out_a));
-    reference.decode(decode_params(decode.view(1, {id}), q, out_b));
-    CHECK(out_a == out_b);
+    CHECK(same_attention(prefill, source, decode, id, 1));
 }
 
 TEST_CASE("pages the receiver already caches are shared, not copied, and may be left out of the export") {
@@ -241,17 +248,24 @@ TEST_CASE("a swapped-out sequence exports from the host tier") {
     CHECK(same_rows(prefill, source, decode, id));
 }
 
-/// Rows of the positions one layer of a compacted sequence holds, by runs.
-template <class Element>
-std::vector<float> held_rows(const paged_cache<Element, heads>& cache, sequence_id id, int layer) {
+/// The rows of the given positions of one layer, as floats: keys then values per position.
+template <class Cache>
+std::vector<float> rows_at(const Cache& cache, sequence_id id, int layer, const std::vector<int>& positions) {
+    using element = typename Cache::element_type;
     std::vector<float> out;
-    for (int p : cache.present_positions(id, layer)) {
-        std::vector<Element> k(row), v(row);
-        cache.read(id, layer, p, 1, span<Element>(k), span<Element>(v));
-        for (const Element& x : k) out.push_back(element_traits<Element>::to_float(x));
-        for (const Element& x : v) out.push_back(element_traits<Element>::to_float(x));
+    for (int p : positions) {
+        std::vector<element> k(row), v(row);
+        cache.read(id, layer, p, 1, span<element>(k), span<element>(v));
+        for (const element& x : k) out.push_back(element_traits<element>::to_float(x));
+        for (const element& x : v) out.push_back(element_traits<element>::to_float(x));
     }
     return out;
+}
+
+/// Rows of the positions one layer of a compacted sequence holds.
+template <class Element>
+std::vector<float> held_rows(const paged_cache<Element, heads>& cache, sequence_id id, int layer) {
+    return rows_at(cache, id, layer, cache.present_positions(id, layer));
 }
 
 TEST_CASE("a compacted sequence exports the rows each layer kept, and imports compacted at the same positions") {
@@ -284,15 +298,7 @@ TEST_CASE("a compacted sequence exports the rows each layer kept, and imports co
     // them: 3 pages), not the 6 the whole length would take.
     CHECK(decode.statistics().pages_used - used_before == 3);
     // Attention over the kept rows is the same on both sides, in every layer.
-    const reference_backend reference;
-    std::vector<float> q(8 * 32), out_a(q.size()), out_b(q.size());
-    std::iota(q.begin(), q.end(), -100.0f);
-    for (float& x : q) x /= 128.0f;
-    for (int l = 0; l < layers; ++l) {
-        reference.decode(decode_params(prefill.view(l, {source}), q, out_a));
-        reference.decode(decode_params(decode.view(l, {id}), q, out_b));
-        CHECK(out_a == out_b);
-    }
+    for (int l = 0; l < layers; ++l) CHECK(same_attention(prefill, source, decode, id, l));
     // The sequence goes on growing on the receiver.
     const int at = decode.begin_append(id, 1);
     CHECK(at == 45);
@@ -345,14 +351,7 @@ sequence_id add_window_sequence(sliding_window_cache<Element, heads>& cache, int
 
 template <class Element>
 std::vector<float> window_rows(const sliding_window_cache<Element, heads>& cache, sequence_id id, int layer) {
-    std::vector<float> out;
-    for (int p : cache.present_positions(id)) {
-        std::vector<Element> k(row), v(row);
-        cache.read(id, layer, p, 1, span<Element>(k), span<Element>(v));
-        for (const Element& x : k) out.push_back(element_traits<Element>::to_float(x));
-        for (const Element& x : v) out.push_back(element_traits<Element>::to_float(x));
-    }
-    return out;
+    return rows_at(cache, id, layer, cache.present_positions(id));
 }
 
 TEST_CASE("a sliding-window sequence goes through bytes into another window cache and attends there as it did") {
@@ -367,13 +366,7 @@ TEST_CASE("a sliding-window sequence goes through bytes into another window cach
     CHECK(decode.length(id) == 40);
     CHECK(decode.present_positions(id) == prefill.present_positions(source));
     for (int l = 0; l < layers; ++l) CHECK(window_rows(decode, id, l) == window_rows(prefill, source, l));
-    const reference_backend reference;
-    std::vector<float> q(8 * 32), out_a(q.size()), out_b(q.size());
-    std::iota(q.begin(), q.end(), -100.0f);
-    for (float& x : q) x /= 128.0f;
-    reference.decode(decode_params(prefill.view(1, {source}), q, out_a));
-    reference.decode(decode_params(decode.view(1, {id}), q, out_b));
-    CHECK(out_a == out_b);
+    CHECK(same_attention(prefill, source, decode, id, 1));
 
     SUBCASE("a short sequence (nothing evicted yet) too") {
         const sequence_id young = add_window_sequence(prefill, 9);

@@ -18,6 +18,19 @@
 namespace kvcache {
 namespace detail {
 
+/// Calls f(i, j) for each maximal [i, j) of ascending positions that are
+/// consecutive (a std::vector or a span).
+template <class Positions, class F>
+void for_each_position_run(const Positions& positions, F&& f) {
+    std::size_t i = 0;
+    while (i < positions.size()) {
+        std::size_t j = i + 1;
+        while (j < positions.size() && positions[j] == positions[j - 1] + 1) ++j;
+        f(i, j);
+        i = j;
+    }
+}
+
 /// CRTP base of the owners. Derived provides layers(), header(),
 /// present_positions(), tokens_of(), read(), write(), begin_append(),
 /// remove_sequence(), restore(records) (all-or-nothing) and a
@@ -326,18 +339,6 @@ protected:
         std::vector<int> out(length);
         for (int i = 0; i < length; ++i) out[i] = i;
         return out;
-    }
-    /// Calls f(i, j) for each maximal [i, j) of ascending positions that are
-    /// consecutive (a std::vector or a span).
-    template <class Positions, class F>
-    static void for_each_position_run(const Positions& positions, F&& f) {
-        std::size_t i = 0;
-        while (i < positions.size()) {
-            std::size_t j = i + 1;
-            while (j < positions.size() && positions[j] == positions[j - 1] + 1) ++j;
-            f(i, j);
-            i = j;
-        }
     }
     /// The slot owners' view table: batch lengths, then batch slots (every
     /// owner's table starts with the lengths; step_plan reads them there).

@@ -107,15 +107,10 @@ void for_each_carried_run(const page_export<Element>& e, int p, int l, F&& f) {
         return;
     }
     const auto& k = e.kept[std::size_t(l)];
-    auto it = std::lower_bound(k.begin(), k.end(), begin);
-    for (int done = 0; it != k.end() && *it < end;) {
-        auto run_end = it + 1;
-        while (run_end != k.end() && *run_end < end && *run_end == *(run_end - 1) + 1) ++run_end;
-        const int count = int(run_end - it);
-        f(int(*it), done, count);
-        done += count;
-        it = run_end;
-    }
+    const auto first = std::lower_bound(k.begin(), k.end(), begin);
+    const std::size_t n = std::size_t(std::lower_bound(first, k.end(), end) - first);
+    const span<const std::int32_t> in_page(k.data() + (first - k.begin()), n);
+    for_each_position_run(in_page, [&](std::size_t i, std::size_t j) { f(int(in_page[i]), int(i), int(j - i)); });
 }
 
 /// Reads the carried rows of every page from first_page on out of cache
@@ -355,17 +350,12 @@ template <class Element, class Heads, class Memory>
 sequence_id import_pages(sliding_window_cache<Element, Heads, Memory>& cache, const page_export<Element>& e,
                          int shard_rank = 0, int shard_ranks = 1) {
     detail::check_import(cache, e, shard_rank, shard_ranks);
-    const int sinks = std::min(e.length, cache.sinks());
-    const int ring_from = std::max(cache.sinks(), e.length - cache.ring());
-    const std::size_t holds = std::size_t(sinks) + std::size_t(std::max(0, e.length - ring_from));
-    for (std::size_t l = 0; l < e.kept.size(); ++l) {
-        bool same = e.kept[l].size() == holds;
-        for (std::size_t i = 0; same && i < holds; ++i)
-            same = e.kept[l][i] == (int(i) < sinks ? int(i) : ring_from + int(i) - sinks);
-        require(same, error_code::invalid_argument, "layer ", l, " of the export holds ", e.kept[l].size(),
-                " positions of a sequence of ", e.length, " tokens, not the ", holds, " this window keeps (sinks ",
-                cache.sinks(), ", ring ", cache.ring(), ")");
-    }
+    const std::vector<int> holds = cache.present_positions_for(e.length);
+    for (std::size_t l = 0; l < e.kept.size(); ++l)
+        require(std::equal(e.kept[l].begin(), e.kept[l].end(), holds.begin(), holds.end()),
+                error_code::invalid_argument, "layer ", l, " of the export holds ", e.kept[l].size(),
+                " positions of a sequence of ", e.length, " tokens, not the ", holds.size(),
+                " this window keeps (sinks ", cache.sinks(), ", ring ", cache.ring(), ")");
     require(!e.kept.empty() || e.layers == 0, error_code::format_error,
             "a sliding-window export names the positions it holds");
     const sequence_id id = cache.add_sequence();

@@ -1124,7 +1124,7 @@ private:
                 append_positions(id, r.length, r.tokens.data(), static_cast<int>(r.tokens.size()));
             }
             const std::size_t row = this->token_row();
-            base::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
+            detail::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers_; ++l)
                     write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),
                           span<const Element>(r.values(l) + i * row, (j - i) * row), static_cast<int>(j - i));

@@ -155,6 +155,13 @@ public:
 
     /// Present positions, ascending: the sinks, then the ring's contents.
     std::vector<int> present_positions(sequence_id id) const { return present_positions_for(this->length(id)); }
+    /// The positions this window keeps of a sequence of `length` tokens, ascending.
+    std::vector<int> present_positions_for(int length) const {
+        std::vector<int> out;
+        for (int p = 0; p < std::min(length, sinks_); ++p) out.push_back(p);
+        for (int p = first_ring(length); p < length; ++p) out.push_back(p);
+        return out;
+    }
 
     /// The view of one layer over a batch. Valid until the cache changes or a
     /// view of a different batch is made; a step_plan's views (plan()) have no such limit.
@@ -200,13 +207,6 @@ private:
     int first_ring(int length) const noexcept { return std::max(sinks_, length - ring_); }
     int row_of(int position) const noexcept {
         return position < sinks_ ? position : sinks_ + (position - sinks_) % ring_;
-    }
-
-    std::vector<int> present_positions_for(int length) const {
-        std::vector<int> out;
-        for (int p = 0; p < std::min(length, sinks_); ++p) out.push_back(p);
-        for (int p = first_ring(length); p < length; ++p) out.push_back(p);
-        return out;
     }
 
     void check_present(sequence_id id, int length, int first, int n) const {
@@ -278,7 +278,7 @@ private:
             const sequence_id id = add_sequence();
             ids.push_back(id);
             sequences_.at(id).length = r.length;
-            base::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
+            detail::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers(); ++l)
                     write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),
                           span<const Element>(r.values(l) + i * row, (j - i) * row), static_cast<int>(j - i));

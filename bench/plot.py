@@ -5,6 +5,8 @@ latency_vs_context.png: per-token latency with the cache and recomputing, by con
     (median, bars from min to max).
 bandwidth_fraction.png: decode attention's fraction of the streaming-read bandwidth measured in
     the same run, by layout, element type, batch and context (hatched: the K/V fit the LLC).
+compress_quality.png: quality against memory for each eviction policy (07_compress --json):
+    perplexity increase and mean KL divergence from the full cache against the bytes held.
 """
 import argparse
 import json
@@ -104,6 +106,35 @@ def bandwidth_chart(plt, data, out_dir):
     return path
 
 
+def compress_chart(plt, data, out_dir):
+    rows = [r for r in rows_of(data, "compress_quality") if r["params"]["policy"] != "none"]
+    if not rows:
+        return None
+    policies = list(dict.fromkeys(r["params"]["policy"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for i, policy in enumerate(policies):
+        mine = sorted((r for r in rows if r["params"]["policy"] == policy), key=lambda r: r["metrics"]["bytes_vs_full"])
+        xs = [100 * r["metrics"]["bytes_vs_full"] for r in mine]
+        axes[0].plot(xs, [100 * r["metrics"]["perplexity_vs_full"] for r in mine], "o-", color=f"C{i}", label=policy)
+        axes[1].plot(xs, [r["metrics"]["kl_mean"] for r in mine], "o-", color=f"C{i}", label=policy)
+    axes[0].set_ylabel("perplexity vs the full cache (%)")
+    axes[1].set_ylabel("mean KL(full || policy) per token (nats)")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("bytes held (% of the full cache, pool accounting)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.axhline(0, color="black", linewidth=0.6)
+    axes[0].legend()
+    machine = data["machine"]
+    fig.suptitle(f'Eviction policies, {machine.get("model", "")} ({machine.get("windows", "?")} held-out windows)',
+                 fontsize=9)
+    path = os.path.join(out_dir, "compress_quality.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json_file")
@@ -116,7 +147,8 @@ def main():
 
     data = load(args.json_file)
     os.makedirs(args.out, exist_ok=True)
-    for path in (latency_chart(plt, data, args.out), bandwidth_chart(plt, data, args.out)):
+    for path in (latency_chart(plt, data, args.out), bandwidth_chart(plt, data, args.out),
+                 compress_chart(plt, data, args.out)):
         if path:
             print(f"plot.py: wrote {path}")
 

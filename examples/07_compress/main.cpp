@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,8 @@
 #include "kvcache_engine/compression.hpp"
 #include "kvcache_engine/evaluation.hpp"
 #include "kvcache_engine/evaluation_data.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace ex = kvcache::examples;
 
@@ -43,6 +47,8 @@ options:
   --recent N             last rows always kept (default 4)
   --page-size N          tokens per page (default 16)
   --threads N            CPU threads (default 1)
+  --json FILE            also write the tables as {"machine", "results"} (the bench's
+                         schema; scripts/plot-bench draws quality against memory from it)
   --help                 this text
 )";
 
@@ -140,7 +146,7 @@ ex::cache_options options_for(const settings& s, kvcache::eviction_policy policy
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help", "--full"},
                        {"--model", "--windows", "--recall", "--budgets", "--policies", "--layer-budgets",
-                        "--compress-every", "--sinks", "--recent", "--page-size", "--threads"});
+                        "--compress-every", "--sinks", "--recent", "--page-size", "--threads", "--json"});
     if (args.has("--help")) {
         std::cout << usage;
         return 0;
@@ -282,6 +288,42 @@ int run(int argc, char** argv) {
             }
             all_fewer = all_fewer && (windows.empty() || mean_bytes(t) < mean_bytes(full_cache) || percent == 100);
         }
+    }
+    if (args.has("--json")) {
+        // One result per policy and budget, plus the full cache, in kvcache_bench's schema.
+        auto metrics_of = [&](const tally& t) {
+            return nlohmann::json{{"perplexity", t.perplexity()},
+                                  {"perplexity_vs_full", t.perplexity() / full_cache.perplexity() - 1.0},
+                                  {"recall_right", t.recall_right},
+                                  {"recall_total", t.recall_total},
+                                  {"kl_max", t.kl_max},
+                                  {"kl_mean", t.kl_count ? t.kl_sum / double(t.kl_count) : 0.0},
+                                  {"bytes_held", mean_bytes(t)},
+                                  {"bytes_vs_full", mean_bytes(full_cache) > 0 ? mean_bytes(t) / mean_bytes(full_cache) : 0.0},
+                                  {"ms_per_token", ms_per_token(t)}};
+        };
+        nlohmann::json results = nlohmann::json::array();
+        results.push_back({{"benchmark", "compress_quality"},
+                           {"params", {{"policy", "none"}, {"budget_percent", 100}}},
+                           {"metrics", metrics_of(full_cache)}});
+        for (std::size_t b = 0; b < s.budgets_percent.size(); ++b)
+            for (std::size_t p = 1; p < columns.size(); ++p)
+                results.push_back({{"benchmark", "compress_quality"},
+                                   {"params", {{"policy", kvcache::to_string(columns[p])},
+                                               {"budget_percent", s.budgets_percent[b]},
+                                               {"layer_budgets", layer_budgets}}},
+                                   {"metrics", metrics_of(tallies[b][p])}});
+        const nlohmann::json machine{{"program", "07_compress"},
+                                     {"model", dir},
+                                     {"model_config", config.describe()},
+                                     {"windows", windows.size()},
+                                     {"recall_texts", recall.size()},
+                                     {"threads", threads}};
+        const std::string path = args.text("--json", "");
+        std::ofstream out(path);
+        out << nlohmann::json{{"machine", machine}, {"results", results}}.dump(2) << "\n";
+        if (!out) throw std::runtime_error("--json: could not write '" + path + "'");
+        std::printf("\nwrote %s\n", path.c_str());
     }
     std::printf("\nevery policy held its budget in every layer: %s\n", all_held ? "yes" : "no");
     std::printf("every policy held fewer bytes than the full cache: %s\n", all_fewer ? "yes" : "no");

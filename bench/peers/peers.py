@@ -88,8 +88,10 @@ def flashinfer_key(shape):
 
 
 def choose_flashinfer(shapes, limit):
-    """The first `limit` kernel configurations in the list order, GQA decode and prefill first."""
-    order = sorted(shapes, key=lambda s: (s["q"] // s["kv"] != 4, s["kind"] == "prefill"))
+    """The first `limit` kernel configurations: the targets' GQA d128 decode and prefill, then MQA d128
+    decode, then the rest in list order."""
+    priority = [("decode", 128, 4), ("prefill", 128, 4), ("decode", 128, 32)]
+    order = sorted(shapes, key=lambda s: priority.index(flashinfer_key(s)) if flashinfer_key(s) in priority else 9)
     keys = []
     for s in order:
         k = flashinfer_key(s)

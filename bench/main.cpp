@@ -48,7 +48,7 @@ void print_help() {
     std::printf(";\n                 with --backend cuda:");
     for (const char* name : cuda_benchmarks) std::printf(" %s", name);
     std::printf("\n  --threads N    CPU backend threads (default: all hardware threads)\n");
-    std::printf("this build %s the CUDA path\n", KVCACHE_BENCH_CUDA ? "has" : "has no");
+    std::printf("this build %s\n", KVCACHE_BENCH_CUDA ? "has the CUDA path (--backend cuda)" : "has no CUDA path");
 }
 
 bool is_known(const std::string& name) {

@@ -5,7 +5,7 @@
 //
 // Every time is CUDA events around many calls after warm-up; decode and
 // append rotate over enough K/V sets that the total exceeds four times the
-// L2, so no call is served from the cache the previous one filled.
+// L2 (rotation_sets), so no call is served from the cache the previous one filled.
 #include "cuda/cuda_bench.hpp"
 
 #include <cuda_runtime_api.h>
@@ -162,11 +162,12 @@ struct rotating_cache {
     }
 };
 
-/// K/V sets so the rotation covers at least four L2s (at most 32 sets).
+/// K/V sets so the rotation covers at least four L2s (at most 512 sets: the
+/// smallest shape of the matrix, MQA batch 1 x 1K at d128, is 512 KiB a set).
 int rotation_sets(std::size_t bytes_per_set) {
     const std::size_t l2 = std::size_t(std::max(device_attribute(cudaDevAttrL2CacheSize), 1));
     const std::size_t wanted = 4 * l2;
-    return int(std::clamp<std::size_t>((wanted + bytes_per_set - 1) / std::max<std::size_t>(bytes_per_set, 1), 1, 32));
+    return int(std::clamp<std::size_t>((wanted + bytes_per_set - 1) / std::max<std::size_t>(bytes_per_set, 1), 1, 512));
 }
 
 runtime_configuration wanted_of(layout_kind layout, element_kind element, int q, int kv, int d) {

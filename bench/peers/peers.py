@@ -160,7 +160,7 @@ def dry_run(shapes, flashinfer_limit):
 
 
 def run_peers(shapes, flashinfer_limit, seed, min_l2_multiple=4):
-    import torch  # noqa: the device image's PyTorch
+    import torch  # the device image's PyTorch
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -168,8 +168,8 @@ def run_peers(shapes, flashinfer_limit, seed, min_l2_multiple=4):
     def uniform(*size):
         return (torch.rand(*size, generator=gen, device=device, dtype=torch.float32) * 2 - 1).half()
 
-    def timed(call, sets, warmup=3, repeats=7, calls=None):
-        calls = calls or max(sets, 20)
+    def timed(call, sets, warmup=3, repeats=7):
+        calls = max(sets, 20)
         for i in range(max(warmup, sets)):
             call(i % sets)
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -182,28 +182,71 @@ def run_peers(shapes, flashinfer_limit, seed, min_l2_multiple=4):
             stop.synchronize()
             samples.append(start.elapsed_time(stop) / calls)
         samples.sort()
-        return samples[len(samples) // 2], samples[0], samples[-1]
+        return samples[len(samples) // 2]
 
     try:
         import flashinfer
-        have_flashinfer = True
+        flashinfer_missing = None
     except ImportError as e:
-        have_flashinfer = False
+        flashinfer = None
         flashinfer_missing = f"flashinfer not importable ({e})"
-    chosen = choose_flashinfer(shapes, flashinfer_limit) if have_flashinfer else []
+    chosen = choose_flashinfer(shapes, flashinfer_limit) if flashinfer else []
     compile_seconds = {}
-    torch_ms, fi_ms, notes, mismatches = {}, {}, {}, []
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+
+    def paged(rows, pages):
+        """[batch, kv, tokens, d] rows as [batch * pages, page, kv, d] (NHD), sequence b's pages consecutive."""
+        b, kv, tokens, d = rows.shape
+        padded = torch.zeros(b, kv, pages * PAGE_SIZE, d, dtype=torch.half, device=device)
+        padded[:, :, :tokens] = rows
+        return padded.view(b, kv, pages, PAGE_SIZE, d).permute(0, 2, 3, 1, 4).reshape(b * pages, PAGE_SIZE, kv, d)
+
+    def flashinfer_ms(s, qs, ks, vs, reference, sets):
+        """FlashInfer's time on the same data, or a note why not (its outputs checked against torch's first)."""
+        b, q, kv, d = s["batch"], s["q"], s["kv"], s["d"]
+        tokens = ks[0].shape[2]
+        queries = qs.shape[2]
+        pages = -(-tokens // PAGE_SIZE)
+        caches = [torch.stack([paged(ks[i], pages), paged(vs[i], pages)], dim=1).contiguous() for i in range(sets)]
+        indptr = torch.arange(0, (b + 1) * pages, pages, dtype=torch.int32, device=device)
+        indices = torch.arange(b * pages, dtype=torch.int32, device=device)
+        last = torch.full((b,), tokens - (pages - 1) * PAGE_SIZE, dtype=torch.int32, device=device)
+        began = time.time()
+        if s["kind"] == "decode":
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+            wrapper.plan(indptr, indices, last, q, kv, d, PAGE_SIZE, q_data_type=torch.half, kv_data_type=torch.half)
+            fq = qs[:, :, 0, :].contiguous()  # [batch, heads, dim]
+            ref = reference[:, :, 0, :]
+        else:
+            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+            qo_indptr = torch.arange(0, (b + 1) * queries, queries, dtype=torch.int32, device=device)
+            wrapper.plan(qo_indptr, indptr, indices, last, q, kv, d, PAGE_SIZE, causal=True,
+                         q_data_type=torch.half, kv_data_type=torch.half)
+            fq = qs.permute(0, 2, 1, 3).reshape(b * queries, q, d).contiguous()  # [tokens, heads, dim]
+            ref = reference.permute(0, 2, 1, 3).reshape(b * queries, q, d)
+
+        def fi(i):
+            return wrapper.run(fq, caches[i])
+
+        out = fi(0)
+        torch.cuda.synchronize()
+        compile_seconds.setdefault(str(flashinfer_key(s)), time.time() - began)
+        err = (out.float() - ref.float()).abs().max().item()
+        if err > TOLERANCE:
+            return None, f"outputs differ from torch by {err:.3g}: not timed"
+        return timed(fi, sets), None
+
+    torch_ms, fi_ms, notes, mismatches = {}, {}, {}, []
     for s in shapes:
         b, q, kv, d = s["batch"], s["q"], s["kv"], s["d"]
         tokens = s["context"] if s["kind"] == "decode" else s["prefix"] + s["chunk"]
         queries = 1 if s["kind"] == "decode" else s["chunk"]
-        sets = max(1, min(32, -(-min_l2_multiple * l2 // kv_bytes(s)))) if s["kind"] == "decode" else 1
+        sets = max(1, min(512, -(-min_l2_multiple * l2 // kv_bytes(s)))) if s["kind"] == "decode" else 1
         if 3 * sets * kv_bytes(s) > torch.cuda.mem_get_info()[0]:
             for peer in ("torch_sdpa", "flashinfer"):
                 notes[(peer, s["row"])] = "skipped: not enough device memory"
             continue
-        # Contiguous [batch, kv heads, tokens, dim] per set; the paged cache holds the same rows.
+        # Contiguous [batch, kv heads, tokens, dim] per set; FlashInfer's paged cache holds the same rows.
         ks = [uniform(b, kv, tokens, d) for _ in range(sets)]
         vs = [uniform(b, kv, tokens, d) for _ in range(sets)]
         qs = uniform(b, q, queries, d)
@@ -213,63 +256,37 @@ def run_peers(shapes, flashinfer_limit, seed, min_l2_multiple=4):
             mask = torch.arange(tokens, device=device)[None, :] <= rows_pos
 
         def sdpa(i):
-            return torch.nn.functional.scaled_dot_product_attention(qs, ks[i], vs[i], attn_mask=mask, enable_gqa=True)
+            try:
+                return torch.nn.functional.scaled_dot_product_attention(qs, ks[i], vs[i], attn_mask=mask,
+                                                                        enable_gqa=True)
+            except TypeError:  # torch before 2.5: no enable_gqa, so the KV heads are repeated per group
+                group = q // kv
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qs, ks[i].repeat_interleave(group, dim=1), vs[i].repeat_interleave(group, dim=1), attn_mask=mask)
 
         reference = sdpa(0)
-        t = timed(sdpa, sets)
-        torch_ms[s["row"]] = t[0]
-        if not have_flashinfer:
+        torch_ms[s["row"]] = timed(sdpa, sets)
+        if flashinfer is None:
             notes[("flashinfer", s["row"])] = flashinfer_missing
         elif flashinfer_key(s) not in chosen:
             notes[("flashinfer", s["row"])] = "not compiled (--flashinfer-configs)"
         else:
-            pages = -(-tokens // PAGE_SIZE)
-            # [pages, 2, page, kv heads, dim] (NHD), sequence b's pages consecutive.
-            caches = []
-            for i in range(sets):
-                padded = torch.zeros(b, kv, pages * PAGE_SIZE, d, dtype=torch.half, device=device)
-                padded[:, :, :tokens] = ks[i]
-                kp = padded.view(b, kv, pages, PAGE_SIZE, d).permute(0, 2, 3, 1, 4).reshape(b * pages, PAGE_SIZE, kv, d)
-                padded[:, :, :tokens] = vs[i]
-                vp = padded.view(b, kv, pages, PAGE_SIZE, d).permute(0, 2, 3, 1, 4).reshape(b * pages, PAGE_SIZE, kv, d)
-                caches.append(torch.stack([kp, vp], dim=1).contiguous())
-            indptr = torch.arange(0, (b + 1) * pages, pages, dtype=torch.int32, device=device)
-            indices = torch.arange(b * pages, dtype=torch.int32, device=device)
-            last = torch.full((b,), tokens - (pages - 1) * PAGE_SIZE, dtype=torch.int32, device=device)
-            began = time.time()
-            if s["kind"] == "decode":
-                wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
-                wrapper.plan(indptr, indices, last, q, kv, d, PAGE_SIZE, q_data_type=torch.half, kv_data_type=torch.half)
-                fq = qs[:, :, 0, :].contiguous()  # [batch, heads, dim]
-
-                def fi(i):
-                    return wrapper.run(fq, caches[i])
+            try:
+                ms, why = flashinfer_ms(s, qs, ks, vs, reference, sets)
+            except Exception as e:  # an unsupported group size or a JIT failure: noted, not fatal
+                ms, why = None, f"FlashInfer failed: {type(e).__name__}: {e}"[:200]
+            if ms is not None:
+                fi_ms[s["row"]] = ms
             else:
-                wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-                qo_indptr = torch.arange(0, (b + 1) * queries, queries, dtype=torch.int32, device=device)
-                wrapper.plan(qo_indptr, indptr, indices, last, q, kv, d, PAGE_SIZE, causal=True,
-                             q_data_type=torch.half, kv_data_type=torch.half)
-                fq = qs.permute(0, 2, 1, 3).reshape(b * queries, q, d).contiguous()  # [tokens, heads, dim]
-
-                def fi(i):
-                    return wrapper.run(fq, caches[i])
-            out = fi(0)
-            torch.cuda.synchronize()
-            compile_seconds.setdefault(str(flashinfer_key(s)), time.time() - began)
-            ref = reference[:, :, 0, :] if s["kind"] == "decode" else reference.permute(0, 2, 1, 3).reshape(b * queries, q, d)
-            err = (out.float() - ref.float()).abs().max().item()
-            if err > TOLERANCE:
-                mismatches.append(f"{describe(s)}: FlashInfer and torch differ by {err:.3g}")
-                notes[("flashinfer", s["row"])] = f"outputs differ from torch by {err:.3g}: not timed"
-            else:
-                fi_ms[s["row"]] = timed(fi, sets)[0]
-            del caches
-        del ks, vs
+                notes[("flashinfer", s["row"])] = why
+                if why.startswith("outputs differ"):
+                    mismatches.append(f"{describe(s)}: FlashInfer {why}")
+        del ks, vs, qs, reference
         torch.cuda.empty_cache()
     rows = merge(shapes, {"torch_sdpa": torch_ms, "flashinfer": fi_ms}, notes)
     extra = {"flashinfer_configurations": [list(k) for k in chosen], "flashinfer_first_call_seconds": compile_seconds,
              "mismatches": mismatches, "torch": torch.__version__, "device": torch.cuda.get_device_name(device)}
-    if have_flashinfer:
+    if flashinfer is not None:
         extra["flashinfer"] = getattr(flashinfer, "__version__", "unknown")
     return rows, extra
 

@@ -21,9 +21,9 @@ text=$(KVCACHE_GPU_CHECK_DRY=1 KVCACHE_GPU_CHECK_SECONDS=120 bash "$script" --ou
 rc=$?
 ((rc == 0)) || fail "ample budget: exit $rc, expected 0: $text"
 passes=$(grep -c '| PASS ' <<< "$text")
-((passes == 8)) || fail "ample budget: $passes steps passed, expected 8"
+((passes == 9)) || fail "ample budget: $passes steps passed, expected 9"
 logs=$(find "$work/ample" -name '*.log' | wc -l)
-((logs == 8)) || fail "ample budget: $logs step logs in --out, expected 8"
+((logs == 9)) || fail "ample budget: $logs step logs in --out, expected 9"
 summary_line=$(grep -n "===== gpu-check summary" <<< "$text" | cut -d: -f1)
 last_pass=$(grep -n '| PASS ' <<< "$text" | tail -1 | cut -d: -f1)
 [[ -n $summary_line && -n $last_pass ]] && ((last_pass > summary_line)) || fail "ample budget: the summary table is not last"

@@ -157,7 +157,8 @@ struct rotating_cache {
             }
             sets.push_back(ids);
         }
-        for (const auto& ids : sets) plans.push_back(cache.plan(ids));
+        if (context > 0)  // empty sequences (the append case) get their plans from the caller
+            for (const auto& ids : sets) plans.push_back(cache.plan(ids));
         KVCACHE_CUDA_CHECK(cudaDeviceSynchronize());
     }
 };
@@ -392,6 +393,7 @@ nlohmann::json describe_device() {
 
 void run_cuda_benchmarks(const options& opts, report& out) {
     out.machine()["device"] = describe_device();
+    out.machine()["gpu"] = out.machine()["device"]["name"];
     out.machine()["device"]["clocks_before"] = out.machine()["device"]["clocks"];
     out.machine()["device"]["compiled_configurations"] = describe(compiled_list{});
     std::printf("device: %s\n", out.machine()["device"].dump().c_str());

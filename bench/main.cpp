@@ -12,6 +12,12 @@
 #include "benchmarks.hpp"
 #include "harness/machine.hpp"
 #include "kvcache/backend/cpu/thread_pool.hpp"
+#ifndef KVCACHE_BENCH_CUDA
+#define KVCACHE_BENCH_CUDA 0
+#endif
+#if KVCACHE_BENCH_CUDA
+#include "cuda/cuda_bench.hpp"
+#endif
 
 namespace {
 
@@ -28,19 +34,28 @@ const benchmark_entry all_benchmarks[] = {
     {"element_types", run_element_types},
 };
 
+// --backend cuda's benchmarks (cuda/cuda_bench.cpp); the copy always runs, as the others' yardstick.
+const char* const cuda_benchmarks[] = {"cuda_copy", "cuda_decode", "cuda_append", "cuda_prefill"};
+
 void print_help() {
     std::printf(
-        "usage: kvcache_bench [--quick] [--json FILE] [--only NAME[,NAME...]] [--threads N]\n"
+        "usage: kvcache_bench [--backend cpu|cuda] [--quick] [--json FILE] [--only NAME[,NAME...]] [--threads N]\n"
+        "  --backend B    cpu (default) or cuda (only where built with KVCACHE_BUILD_CUDA_BENCH)\n"
         "  --quick        tiny sizes and few repeats (the CI smoke run, well under two minutes)\n"
         "  --json FILE    write {\"machine\", \"results\"} to FILE\n"
         "  --only NAMES   run only these benchmarks:");
     for (const auto& entry : all_benchmarks) std::printf(" %s", entry.name);
+    std::printf(";\n                 with --backend cuda:");
+    for (const char* name : cuda_benchmarks) std::printf(" %s", name);
     std::printf("\n  --threads N    CPU backend threads (default: all hardware threads)\n");
+    std::printf("this build %s\n", KVCACHE_BENCH_CUDA ? "has the CUDA path (--backend cuda)" : "has no CUDA path");
 }
 
 bool is_known(const std::string& name) {
     for (const auto& entry : all_benchmarks)
         if (name == entry.name) return true;
+    for (const char* cuda_name : cuda_benchmarks)
+        if (name == cuda_name) return true;
     return false;
 }
 
@@ -48,6 +63,7 @@ bool is_known(const std::string& name) {
 
 int main(int argc, char** argv) {
     options opts;
+    std::string backend = "cpu";
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         auto value = [&](const char* flag) -> std::string {
@@ -60,6 +76,19 @@ int main(int argc, char** argv) {
         if (arg == "--help" || arg == "-h") {
             print_help();
             return 0;
+        } else if (arg == "--backend") {
+            backend = value("--backend");
+            if (backend != "cpu" && backend != "cuda") {
+                std::fprintf(stderr, "kvcache_bench: --backend '%s' must be cpu or cuda\n", backend.c_str());
+                return 2;
+            }
+#if !KVCACHE_BENCH_CUDA
+            if (backend == "cuda") {
+                std::fprintf(stderr, "kvcache_bench: --backend cuda needs a build with KVCACHE_BUILD_CUDA_BENCH=ON "
+                                     "where nvcc is found (this one has no CUDA path)\n");
+                return 2;
+            }
+#endif
         } else if (arg == "--quick") {
             opts.quick = true;
         } else if (arg == "--json") {
@@ -96,14 +125,20 @@ int main(int argc, char** argv) {
         nlohmann::json machine = describe_machine();
         machine["threads"] = opts.threads;
         machine["mode"] = opts.quick ? "quick" : "full";
+        machine["backend"] = backend;
         machine["load_average_at_start"] = load_average();
         std::printf("kvcache_bench: %s mode, %d threads\nmachine: %s\n", opts.quick ? "quick" : "full", opts.threads,
                     machine.dump().c_str());
         std::printf("times: median over the measured repeats (after warm-up), with _min/_max\n");
         report results(std::move(machine));
         std::printf("%-16s | %-58s | %s\n", "benchmark", "params", "metrics");
-        for (const auto& entry : all_benchmarks)
-            if (opts.wants(entry.name)) entry.run(opts, results);
+#if KVCACHE_BENCH_CUDA
+        if (backend == "cuda")
+            run_cuda_benchmarks(opts, results);
+        else
+#endif
+            for (const auto& entry : all_benchmarks)
+                if (opts.wants(entry.name)) entry.run(opts, results);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         results.machine()["load_average_at_end"] = load_average();
         results.machine()["run_seconds"] = seconds;

@@ -7,6 +7,7 @@
 #include "benchmarks.hpp"
 #include "harness/timing.hpp"
 #include "kvcache/backend/cpu.hpp"
+#include "support/attention_counts.hpp"
 #include "support/filled_cache.hpp"
 
 namespace kvcache::bench {
@@ -37,10 +38,7 @@ void prefill_chunks(const options& opts, report& out, int prefix, const std::vec
             cpu.prefill(prefill_params(view, queries, plan.new_token_offsets(), outputs));
         };
         const timing t = measure_for(step, opts.warmup(), opts.repeats(), opts.min_seconds());
-        // Causal: chunk token i sees prefix + i + 1 keys; QK^T and PV cost
-        // 2 * head_dim multiply-adds per key and query head each.
-        const double keys_seen = double(chunk) * prefix + double(chunk) * (chunk + 1) / 2.0;
-        const double flops = 4.0 * heads::query_heads() * heads::head_dim * keys_seen;
+        const double flops = prefill_flops(1, heads::query_heads(), heads::head_dim, prefix, chunk);
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_chunk", t, 1e3);
         metrics["tokens_per_s"] = chunk / t.median;

@@ -183,6 +183,13 @@ std::string heads_text(int q, int kv, int d) {
     return std::to_string(q) + "q/" + std::to_string(kv) + "kv/d" + std::to_string(d);
 }
 
+// bytes / time as GB/s: the median, and the min and max the fastest and slowest runs give.
+void add_rate(nlohmann::json& metrics, double bytes, const timing& t) {
+    metrics["gbytes_per_s"] = bytes / t.median / 1e9;
+    metrics["gbytes_per_s_min"] = bytes / t.max / 1e9;
+    metrics["gbytes_per_s_max"] = bytes / t.min / 1e9;
+}
+
 copy_rate run_copy(const options& opts, report& out) {
     const std::size_t bytes = (opts.quick ? 512 : 2048) * mib;
     device_buffer<unsigned char> source(bytes), destination(bytes);
@@ -195,9 +202,7 @@ copy_rate run_copy(const options& opts, report& out) {
     const double moved = copy_bytes_moved(bytes);
     nlohmann::json metrics;
     add_timing(metrics, "ms_per_copy", t, 1e3);
-    metrics["gbytes_per_s"] = moved / t.median / 1e9;
-    metrics["gbytes_per_s_min"] = moved / t.max / 1e9;
-    metrics["gbytes_per_s_max"] = moved / t.min / 1e9;
+    add_rate(metrics, moved, t);
     metrics["bytes_moved"] = moved;
     out.add({"cuda_copy", {{"buffer_mib", double(bytes) / double(mib)}, {"counted", "read + written"}}, metrics});
     return {moved / t.median / 1e9};
@@ -248,9 +253,7 @@ void run_decode_case(const options& opts, report& out, const decode_case& c, con
         const double bytes = double(decode_bytes(shape));
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_call", t, 1e3);
-        metrics["gbytes_per_s"] = bytes / t.median / 1e9;
-        metrics["gbytes_per_s_min"] = bytes / t.max / 1e9;
-        metrics["gbytes_per_s_max"] = bytes / t.min / 1e9;
+        add_rate(metrics, bytes, t);
         metrics["fraction_of_copy_bandwidth"] = bytes / t.median / 1e9 / copy.gbytes_per_s;
         // The CPU bench's name for the same fraction, so plot.py and the JSON check read both.
         metrics["fraction_of_measured_bandwidth"] = metrics["fraction_of_copy_bandwidth"];
@@ -294,9 +297,7 @@ void run_append_case(const options& opts, report& out, element_kind element, int
         const double bytes = double(set_bytes);
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_call", t, 1e3);
-        metrics["gbytes_per_s"] = bytes / t.median / 1e9;
-        metrics["gbytes_per_s_min"] = bytes / t.max / 1e9;
-        metrics["gbytes_per_s_max"] = bytes / t.min / 1e9;
+        add_rate(metrics, bytes, t);
         metrics["fraction_of_copy_bandwidth"] = bytes / t.median / 1e9 / copy.gbytes_per_s;
         metrics["bytes_per_call"] = bytes;
         metrics["rotation_sets"] = sets;

@@ -63,7 +63,8 @@ public:
     void run(int steps) {
         for (step_ = 0; step_ < steps; ++step_) {
             const int op = pick(0, 99);
-            if (op < 12) add();
+            if (extra_compactions_ > 0 && pick(0, 99) < extra_compactions_) compact();
+            else if (op < 12) add();
             else if (op < 50) append();
             else if (op < 58) fork();
             else if (op < 66) truncate();
@@ -92,6 +93,9 @@ public:
     int failures_seen = 0;  // expected errors that were raised (and checked to change nothing)
     int compactions = 0;
     int swaps = 0;
+    int pool_dry = 0;  // of failures_seen: capacity_exceeded from the pool, the tier or a load
+    /// Percent of steps that compact instead of the usual mix (paged only).
+    void compact_more(int percent) { extra_compactions_ = percent; }
 
 private:
     int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(random_); }
@@ -245,6 +249,7 @@ private:
             REQUIRE(expected);
             REQUIRE(pool_state() == before);
             ++failures_seen;
+            ++pool_dry;
             return;  // check_all() verifies nothing changed
         }
         INFO("step ", step_, " append of ", n, " to length ", length);
@@ -349,6 +354,7 @@ private:
             REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
             REQUIRE(pool_state() == before);
             ++failures_seen;
+            ++pool_dry;
             return;
         }
         std::copy(k.begin(), k.end(), s.keys[layer].begin() + std::size_t(first) * row);
@@ -377,6 +383,7 @@ private:
             REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
             REQUIRE(pool_state() == before);
             ++failures_seen;
+            ++pool_dry;
         }
     }
 
@@ -403,6 +410,7 @@ private:
             if constexpr (kind == kvcache::layout_kind::paged)
                 CHECK(fresh.statistics().pages_free == fresh.page_count());
             ++failures_seen;
+            ++pool_dry;
             return;
         }
         REQUIRE(ids.size() == model_.size());
@@ -553,6 +561,7 @@ private:
                 REQUIRE(spare < cache_.pages(id).size());
                 REQUIRE(pool_state() == before);
                 ++failures_seen;
+                ++pool_dry;
                 return;
             }
             for (int l = 0; l < layers; ++l) {
@@ -588,6 +597,7 @@ private:
                 REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
                 REQUIRE(pool_state() == before);
                 ++failures_seen;
+                ++pool_dry;
                 return;
             }
             s.swapped = !s.swapped;
@@ -682,6 +692,7 @@ private:
     bool prefix_mode_;
     int sinks_, ring_, max_chunk_, capacity_, slots_;
     int step_ = 0;
+    int extra_compactions_ = 0;
     std::map<kvcache::sequence_id, model_sequence<element>> model_;
 };
 
@@ -753,7 +764,7 @@ TEST_CASE_TEMPLATE("model-based: paged cache, plain and prefix modes", Element, 
 // 4 tokens that runs dry often; fp32, so every comparison is exact.
 TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
     using cache_type = kvcache::paged_cache<float, heads>;
-    int compactions = 0, swaps = 0, refusals = 0;
+    int compactions = 0, swaps = 0, refusals = 0, dry = 0;
     std::uint64_t hits = 0, released = 0, copies = 0;
     for (int i = 0; i < 4; ++i) {
         for (bool prefix : {false, true}) {
@@ -762,6 +773,7 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
             cache_type cache(layers, 24, 4, prefix);
             cache.attach_host_tier(16);
             model_run<cache_type> run(std::move(cache), seed, prefix);
+            run.compact_more(10);
             run.run(400);
             CHECK(run.operations == 400);
             const auto stats = run.cache().statistics();
@@ -771,6 +783,7 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
             compactions += run.compactions;
             swaps += run.swaps;
             refusals += run.failures_seen;
+            dry += run.pool_dry;
 
             // Everything released: no page is referenced, and the whole pool
             // (cached prefix pages evicted on demand) serves one new sequence.
@@ -790,11 +803,13 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
     CHECK(compactions > 0);
     CHECK(swaps > 0);
     CHECK(refusals > 0);
+    CHECK(dry > 0);
     CHECK(hits > 0);
     CHECK(released > 0);
     CHECK(copies > 0);
     MESSAGE("compaction runs: ", compactions, " compactions (", released, " pages released), ", swaps, " swaps, ",
-            hits, " prefix page hits, ", copies, " copies on write, ", refusals, " refused operations");
+            hits, " prefix page hits, ", copies, " copies on write, ", refusals, " refused operations (", dry,
+            " for want of pages)");
 }
 
 TEST_CASE_TEMPLATE("model-based: sliding window cache", Element, float, kvcache::half) {

@@ -224,6 +224,7 @@ private:
             for (int l = 1; l < layers; ++l) cache_.append(id, l, k[l], v[l], n);
         } catch (const kvcache::error& e) {
             bool expected = should_fail;
+            std::ostringstream limit;  // why the model allows (or not) this refusal
             if constexpr (kind == kvcache::layout_kind::paged) {
                 const int ps = cache_.page_size();
                 // Each layer's new rows land after the rows it stores (fewer
@@ -244,9 +245,14 @@ private:
                 // The pool may only refuse when referenced pages plus the new ones and the copies overflow it.
                 expected = e.code() == kvcache::error_code::capacity_exceeded &&
                            referenced + new_pages + static_cast<int>(touched.size()) > cache_.page_count();
+                limit << "; the model: live sequences reference " << referenced << " of " << cache_.page_count()
+                      << " pages, the append needs " << new_pages << " new and at most " << touched.size()
+                      << " copies";
             }
             INFO("step ", step_, ": ", std::string(e.what()));
-            REQUIRE(expected);
+            if (!expected)
+                FAIL("append of ", n, " rows to sequence ", id, " (length ", length, ") refused at step ", step_,
+                     " though the model says it fits", limit.str());
             REQUIRE(pool_state() == before);
             ++failures_seen;
             ++pool_dry;

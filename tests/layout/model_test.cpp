@@ -772,7 +772,7 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
     using cache_type = kvcache::paged_cache<float, heads>;
     int compactions = 0, swaps = 0, refusals = 0, dry = 0;
     std::uint64_t hits = 0, released = 0, copies = 0;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 8; ++i) {
         for (bool prefix : {false, true}) {
             const std::uint32_t seed = seed_for(i) + 11 + (prefix ? 1 : 0);
             INFO("seed ", seed, " prefix ", prefix);
@@ -780,8 +780,8 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
             cache.attach_host_tier(16);
             model_run<cache_type> run(std::move(cache), seed, prefix);
             run.compact_more(10);
-            run.run(400);
-            CHECK(run.operations == 400);
+            run.run(500);
+            CHECK(run.operations == 500);
             const auto stats = run.cache().statistics();
             hits += stats.prefix_hit_pages;
             released += stats.pages_released_by_compaction;

@@ -63,7 +63,9 @@ public:
     void run(int steps) {
         for (step_ = 0; step_ < steps; ++step_) {
             const int op = pick(0, 99);
-            if (extra_compactions_ > 0 && pick(0, 99) < extra_compactions_) compact();
+            const int extra = extra_compactions_ + extra_swaps_ > 0 ? pick(0, 99) : 100;
+            if (extra < extra_compactions_) compact();
+            else if (extra < extra_compactions_ + extra_swaps_) swap();
             else if (op < 12) add();
             else if (op < 50) append();
             else if (op < 58) fork();
@@ -94,8 +96,11 @@ public:
     int compactions = 0;
     int swaps = 0;
     int pool_dry = 0;  // of failures_seen: capacity_exceeded from the pool, the tier or a load
-    /// Percent of steps that compact instead of the usual mix (paged only).
-    void compact_more(int percent) { extra_compactions_ = percent; }
+    /// Percents of steps that compact or swap instead of the usual mix (paged only).
+    void mix_in(int compactions, int swaps) {
+        extra_compactions_ = compactions;
+        extra_swaps_ = swaps;
+    }
 
 private:
     int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(random_); }
@@ -705,6 +710,7 @@ private:
     int sinks_, ring_, max_chunk_, capacity_, slots_;
     int step_ = 0;
     int extra_compactions_ = 0;
+    int extra_swaps_ = 0;
     std::map<kvcache::sequence_id, model_sequence<element>> model_;
 };
 
@@ -785,7 +791,9 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
             cache_type cache(layers, 24, 4, prefix);
             cache.attach_host_tier(16);
             model_run<cache_type> run(std::move(cache), seed, prefix);
-            run.compact_more(10);
+            // Swaps often enough that one sequence is swapped out, back in,
+            // changed and swapped out again: a stale host copy must not return.
+            run.mix_in(10, 8);
             run.run(500);
             CHECK(run.operations == 500);
             const auto stats = run.cache().statistics();

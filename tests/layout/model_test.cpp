@@ -1,7 +1,10 @@
 // Randomised model-based tests: thousands of random operations applied both
 // to a cache owner and to a plain reference model (each sequence a vector of
 // per-token K/V rows per layer); after every step every present row seen
-// through the view must equal the model's. All three layouts, fp32 and fp16.
+// through the view (or read() while swapped out) must equal the model's. All
+// three layouts, fp32 and fp16; the paged runs mix in compaction and, with a
+// host tier, swap_out/swap_in, and every refused operation must leave the
+// pool's and the tier's page counts as they were.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -30,7 +33,11 @@ struct model_sequence {
     std::vector<std::int32_t> tokens;
     std::vector<std::vector<Element>> keys = std::vector<std::vector<Element>>(layers);
     std::vector<std::vector<Element>> values = std::vector<std::vector<Element>>(layers);
+    // Positions a compaction dropped, per layer (rows stay in keys/values, unread).
+    std::vector<std::set<int>> dropped = std::vector<std::set<int>>(layers);
+    bool swapped = false;
     int length() const { return static_cast<int>(keys[0].size() / row); }
+    bool stored(int layer, int p) const { return dropped[layer].count(p) == 0; }
 };
 
 /// A value exactly representable in fp16, so both element types compare bit-exactly.
@@ -56,7 +63,10 @@ public:
     void run(int steps) {
         for (step_ = 0; step_ < steps; ++step_) {
             const int op = pick(0, 99);
-            if (op < 12) add();
+            const int extra = extra_compactions_ + extra_swaps_ > 0 ? pick(0, 99) : 100;
+            if (extra < extra_compactions_) compact();
+            else if (extra < extra_compactions_ + extra_swaps_) swap();
+            else if (op < 12) add();
             else if (op < 50) append();
             else if (op < 58) fork();
             else if (op < 66) truncate();
@@ -66,6 +76,8 @@ public:
             else if (op < 84) reload_everything();
             else if (op < 86) keep_only();
             else if (op < 92) bad_id();
+            else if (kind == kvcache::layout_kind::paged && op < 96) compact();
+            else if (kind == kvcache::layout_kind::paged && op < 98) swap();
             else append();
             check_all();
             ++operations;
@@ -73,8 +85,22 @@ public:
     }
 
     const Cache& cache() const { return cache_; }
+    Cache& cache() { return cache_; }
+    void remove_all() {
+        for (const auto& entry : model_) cache_.remove_sequence(entry.first);
+        model_.clear();
+        check_all();
+    }
     int operations = 0;
     int failures_seen = 0;  // expected errors that were raised (and checked to change nothing)
+    int compactions = 0;
+    int swaps = 0;
+    int pool_dry = 0;  // of failures_seen: capacity_exceeded from the pool, the tier or a load
+    /// Percents of steps that compact or swap instead of the usual mix (paged only).
+    void mix_in(int compactions, int swaps) {
+        extra_compactions_ = compactions;
+        extra_swaps_ = swaps;
+    }
 
 private:
     int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(random_); }
@@ -165,6 +191,10 @@ private:
         if (model_.empty()) return add();
         const kvcache::sequence_id id = any_id();
         auto& s = model_[id];
+        if (s.swapped) {
+            expect_failure(kvcache::error_code::invalid_argument, [&] { cache_.begin_append(id, 1); });
+            return;
+        }
         const int n = pick(0, max_append() + (kind == kvcache::layout_kind::paged ? 0 : 2));
         const int length = s.length();
         bool should_fail = false;
@@ -188,6 +218,7 @@ private:
                 }
         }
         const int referenced = pages_referenced();
+        const std::string before = pool_state();
         try {
             if constexpr (kind == kvcache::layout_kind::paged) {
                 if (with_tokens) cache_.append(id, k[0], v[0], new_tokens);
@@ -198,16 +229,38 @@ private:
             for (int l = 1; l < layers; ++l) cache_.append(id, l, k[l], v[l], n);
         } catch (const kvcache::error& e) {
             bool expected = should_fail;
+            std::ostringstream limit;  // why the model allows (or not) this refusal
             if constexpr (kind == kvcache::layout_kind::paged) {
                 const int ps = cache_.page_size();
-                const int new_pages = (length + n + ps - 1) / ps - (length + ps - 1) / ps;
-                // The pool may only refuse when referenced pages plus the new ones (and one copy) overflow it.
+                // Each layer's new rows land after the rows it stores (fewer
+                // than length in a compacted sequence); the page table, shared
+                // by the layers, covers the layer that stores the most.
+                std::size_t fewest = s.dropped[0].size();
+                for (int l = 1; l < layers; ++l) fewest = std::min(fewest, s.dropped[l].size());
+                const int rows = length - static_cast<int>(fewest);
+                const int held = (rows + ps - 1) / ps;
+                const int new_pages = (rows + n + ps - 1) / ps - held;
+                // Held pages that new rows land in: each may be shared and need a copy.
+                std::set<int> touched;
+                for (int l = 0; l < layers; ++l) {
+                    const int stored = length - static_cast<int>(s.dropped[l].size());
+                    for (int r = stored; r < stored + n; ++r)
+                        if (r / ps < held) touched.insert(r / ps);
+                }
+                // The pool may only refuse when referenced pages plus the new ones and the copies overflow it.
                 expected = e.code() == kvcache::error_code::capacity_exceeded &&
-                           referenced + new_pages + 1 > cache_.page_count();
+                           referenced + new_pages + static_cast<int>(touched.size()) > cache_.page_count();
+                limit << "; the model: live sequences reference " << referenced << " of " << cache_.page_count()
+                      << " pages, the append needs " << new_pages << " new and at most " << touched.size()
+                      << " copies";
             }
             INFO("step ", step_, ": ", std::string(e.what()));
-            REQUIRE(expected);
+            if (!expected)
+                FAIL("append of ", n, " rows to sequence ", id, " (length ", length, ") refused at step ", step_,
+                     " though the model says it fits", limit.str());
+            REQUIRE(pool_state() == before);
             ++failures_seen;
+            ++pool_dry;
             return;  // check_all() verifies nothing changed
         }
         INFO("step ", step_, " append of ", n, " to length ", length);
@@ -238,6 +291,10 @@ private:
         auto& s = model_[id];
         const int length = s.length();
         const int to = pick(0, length + 2);
+        if (s.swapped) {
+            expect_failure(kvcache::error_code::invalid_argument, [&] { cache_.truncate(id, to); });
+            return;
+        }
         bool should_fail = to > length;
         if (kind == kvcache::layout_kind::sliding_window) should_fail |= to < length && length > sinks_ + ring_;
         if (should_fail) {
@@ -250,6 +307,8 @@ private:
             s.values[l].resize(std::size_t(to) * row);
         }
         s.tokens.resize(std::min<std::size_t>(s.tokens.size(), to));
+        // Positions at or past the new end are gone in every layer, dropped or not.
+        for (auto& d : s.dropped) d.erase(d.lower_bound(to), d.end());
     }
 
     void remove() {
@@ -267,23 +326,36 @@ private:
         auto& s = model_[id];
         const int length = s.length();
         if (length == 0) return;
+        const int layer = pick(0, layers - 1);
+        if (s.swapped) {
+            expect_failure(kvcache::error_code::invalid_argument, [&] {
+                std::vector<element> k(row), v(row);
+                cache_.write(id, layer, 0, k, v, 1);
+            });
+            return;
+        }
         const int first = pick(0, length - 1);
         int n = pick(1, std::min(4, length - first));
-        while (n > 0 && !(present(length, first) && present(length, first + n - 1) &&
+        auto all_stored = [&](int count) {
+            for (int p = first; p < first + count; ++p)
+                if (!s.stored(layer, p)) return false;
+            return true;
+        };
+        while (n > 0 && !(present(length, first) && present(length, first + n - 1) && all_stored(n) &&
                           (first >= sinks_ || first + n <= sinks_ || length <= sinks_ + ring_)))
             --n;
         if (n == 0) {
-            if (!present(length, first))
+            if (!present(length, first) || !s.stored(layer, first))
                 expect_failure(kvcache::error_code::out_of_range, [&] {
                     std::vector<element> k(row), v(row);
-                    cache_.write(id, 0, first, k, v, 1);
+                    cache_.write(id, layer, first, k, v, 1);
                 });
             return;
         }
-        const int layer = pick(0, layers - 1);
         std::vector<element> k(std::size_t(n) * row), v(std::size_t(n) * row);
         for (auto& x : k) x = exact<element>(random_());
         for (auto& x : v) x = exact<element>(random_());
+        const std::string before = pool_state();
         try {
             cache_.write(id, layer, first, k, v, n);
         } catch (const kvcache::error& e) {
@@ -291,7 +363,9 @@ private:
             // Only a paged copy-on-write may run out of pages.
             REQUIRE(kind == kvcache::layout_kind::paged);
             REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
+            REQUIRE(pool_state() == before);
             ++failures_seen;
+            ++pool_dry;
             return;
         }
         std::copy(k.begin(), k.end(), s.keys[layer].begin() + std::size_t(first) * row);
@@ -303,21 +377,35 @@ private:
         if (model_.empty()) return;
         const kvcache::sequence_id id = any_id();
         std::stringstream file;
-        cache_.save(file, {id});
+        if (!layers_agree(model_[id])) {
+            // A file records one list of positions per sequence.
+            expect_failure(kvcache::error_code::invalid_argument, [&] { cache_.save(file, {id}); });
+            return;
+        }
+        cache_.save(file, {id});  // reads the host tier while the sequence is swapped out
+        const std::string before = pool_state();
         try {
             const auto ids = cache_.load(file);
             REQUIRE(ids.size() == 1);
             model_[ids[0]] = model_[id];
+            model_[ids[0]].swapped = false;  // a load lands in the pool
         } catch (const kvcache::error& e) {
             INFO(std::string(e.what()));
             REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
+            REQUIRE(pool_state() == before);
             ++failures_seen;
+            ++pool_dry;
         }
     }
 
     // Saves everything, loads it into a fresh cache and carries on with that one.
     void reload_everything() {
         std::stringstream file;
+        for (const auto& entry : model_)
+            if (!layers_agree(entry.second)) {
+                expect_failure(kvcache::error_code::invalid_argument, [&] { cache_.save(file); });
+                return;
+            }
         cache_.save(file);
         Cache fresh = make_empty_like();
         std::vector<kvcache::sequence_id> ids;
@@ -333,20 +421,26 @@ private:
             if constexpr (kind == kvcache::layout_kind::paged)
                 CHECK(fresh.statistics().pages_free == fresh.page_count());
             ++failures_seen;
+            ++pool_dry;
             return;
         }
         REQUIRE(ids.size() == model_.size());
         std::map<kvcache::sequence_id, model_sequence<element>> renamed;
         std::size_t i = 0;
-        for (auto& entry : model_) renamed[ids[i++]] = std::move(entry.second);
+        for (auto& entry : model_) {
+            entry.second.swapped = false;
+            renamed[ids[i++]] = std::move(entry.second);
+        }
         model_ = std::move(renamed);
         cache_ = std::move(fresh);
     }
 
     Cache make_empty_like() const {
-        if constexpr (kind == kvcache::layout_kind::paged)
-            return Cache(layers, cache_.page_count(), cache_.page_size(), cache_.prefix_caching());
-        else if constexpr (kind == kvcache::layout_kind::sliding_window)
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            Cache fresh(layers, cache_.page_count(), cache_.page_size(), cache_.prefix_caching());
+            if (cache_.host_tier_pages() > 0) fresh.attach_host_tier(cache_.host_tier_pages());
+            return fresh;
+        } else if constexpr (kind == kvcache::layout_kind::sliding_window)
             return Cache(layers, cache_.slot_count(), cache_.window(), cache_.sinks(), cache_.max_chunk());
         else
             return Cache(layers, cache_.slot_count(), cache_.capacity(), cache_.growth());
@@ -383,6 +477,7 @@ private:
     template <class F>
     void expect_failure(kvcache::error_code code, F&& f) {
         INFO("step ", step_);
+        const std::string before = pool_state();
         bool thrown = false;
         try {
             f();
@@ -392,26 +487,159 @@ private:
             thrown = true;
         }
         REQUIRE(thrown);
+        // Refused means unchanged: the rows (check_all() next), the page
+        // tables and the pool's and host tier's counts.
+        REQUIRE(pool_state() == before);
         ++failures_seen;
+    }
+
+    // The pool's and host tier's page counts and every sequence's page table.
+    std::string pool_state() const {
+        std::ostringstream out;
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            const auto st = cache_.statistics();
+            out << "pool pages free " << st.pages_free << ", used " << st.pages_used << ", cached "
+                << st.pages_evictable << "; host tier pages used " << st.host_pages_used << "; page tables";
+            for (const auto& entry : model_) {
+                out << " [" << entry.first << ":";
+                for (int p : cache_.pages(entry.first)) out << ' ' << p;
+                out << ']';
+            }
+        }
+        return out.str();
+    }
+
+    static bool layers_agree(const model_sequence<element>& s) {
+        for (int l = 1; l < layers; ++l)
+            if (s.dropped[l] != s.dropped[0]) return false;
+        return true;
+    }
+
+    // Keeps a random ascending subset of each layer's rows (one layer or all
+    // at once); now and then a bad list, which must change nothing.
+    void compact() {
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            if (model_.empty()) return;
+            const kvcache::sequence_id id = any_id();
+            auto& s = model_[id];
+            const int length = s.length();
+            std::vector<std::vector<int>> visible(layers), kept(layers);  // positions; visible indices
+            const int keep_percent = pick(20, 100);
+            for (int l = 0; l < layers; ++l) {
+                for (int p = 0; p < length; ++p)
+                    if (s.stored(l, p)) visible[l].push_back(p);
+                for (int i = 0; i < static_cast<int>(visible[l].size()); ++i)
+                    if (pick(0, 99) < keep_percent) kept[l].push_back(i);
+            }
+            const bool one_layer = pick(0, 1) == 0;
+            const int layer = pick(0, layers - 1);
+            auto apply = [&](const std::vector<std::vector<int>>& lists) {
+                if (one_layer) cache_.compact(id, layer, lists[layer]);
+                else cache_.compact(id, lists);
+            };
+            if (s.swapped) {
+                expect_failure(kvcache::error_code::invalid_argument, [&] { apply(kept); });
+                return;
+            }
+            const int bad = pick(0, 11);
+            if (bad == 0) {  // an index past the layer's rows
+                auto wrong = kept;
+                wrong[layer].push_back(static_cast<int>(visible[layer].size()) + pick(0, 2));
+                expect_failure(kvcache::error_code::out_of_range, [&] { apply(wrong); });
+                return;
+            }
+            if (bad == 1 && !kept[layer].empty()) {  // a repeated index
+                auto wrong = kept;
+                wrong[layer].push_back(wrong[layer].back());
+                expect_failure(kvcache::error_code::invalid_argument, [&] { apply(wrong); });
+                return;
+            }
+            if (bad == 2 && kept[layer].size() >= 2) {  // not ascending
+                auto wrong = kept;
+                std::swap(wrong[layer][0], wrong[layer][1]);
+                expect_failure(kvcache::error_code::invalid_argument, [&] { apply(wrong); });
+                return;
+            }
+            const std::string before = pool_state();
+            const auto st = cache_.statistics();
+            const std::size_t spare = std::size_t(st.pages_free) + std::size_t(st.pages_evictable);
+            try {
+                apply(kept);
+            } catch (const kvcache::error& e) {
+                INFO("step ", step_, ": ", std::string(e.what()));
+                // Copies on write need at most one page per page the sequence
+                // holds: enough for its layer that stores the most rows.
+                std::size_t most = 0;
+                for (int l = 0; l < layers; ++l) most = std::max(most, visible[l].size());
+                const std::size_t held = (most + cache_.page_size() - 1) / cache_.page_size();
+                REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
+                if (spare >= held)
+                    FAIL("compact of sequence ", id, " refused at step ", step_, " with ", spare,
+                         " pages free or cached, though it holds only ", held);
+                REQUIRE(pool_state() == before);
+                ++failures_seen;
+                ++pool_dry;
+                return;
+            }
+            for (int l = 0; l < layers; ++l) {
+                if (one_layer && l != layer) continue;
+                std::size_t next = 0;
+                for (int i = 0; i < static_cast<int>(visible[l].size()); ++i) {
+                    if (next < kept[l].size() && kept[l][next] == i) ++next;
+                    else s.dropped[l].insert(visible[l][i]);
+                }
+            }
+            ++compactions;
+        }
+    }
+
+    // swap_out / swap_in of one sequence (paged runs with a host tier); now
+    // and then the wrong direction, which must be refused.
+    void swap() {
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            if (model_.empty() || cache_.host_tier_pages() == 0) return;
+            const kvcache::sequence_id id = any_id();
+            auto& s = model_[id];
+            if (pick(0, 7) == 0) {
+                if (s.swapped) expect_failure(kvcache::error_code::invalid_argument, [&] { cache_.swap_out(id); });
+                else expect_failure(kvcache::error_code::invalid_argument, [&] { cache_.swap_in(id); });
+                return;
+            }
+            const std::string before = pool_state();
+            try {
+                if (s.swapped) cache_.swap_in(id);
+                else cache_.swap_out(id);
+            } catch (const kvcache::error& e) {
+                INFO("step ", step_, ": ", std::string(e.what()));
+                REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
+                REQUIRE(pool_state() == before);
+                ++failures_seen;
+                ++pool_dry;
+                return;
+            }
+            s.swapped = !s.swapped;
+            ++swaps;
+        }
     }
 
     // --- the comparison -------------------------------------------------------
     void check_all() {
         INFO("step ", step_);
-        std::vector<kvcache::sequence_id> ids;
-        for (const auto& entry : model_) ids.push_back(entry.first);
+        std::vector<kvcache::sequence_id> ids, resident;  // a swapped-out sequence has no view
+        for (const auto& entry : model_) {
+            ids.push_back(entry.first);
+            if (!entry.second.swapped) resident.push_back(entry.first);
+        }
         REQUIRE(cache_.sequences() == ids);
         for (int l = 0; l < layers; ++l) {
-            const auto view = cache_.view(l, ids);
-            if (view.sequence_count() != static_cast<int>(ids.size())) FAIL("sequence count at step ", step_);
-            for (int b = 0; b < static_cast<int>(ids.size()); ++b) {
-                const auto& s = model_.at(ids[b]);
+            const auto view = cache_.view(l, resident);
+            if (view.sequence_count() != static_cast<int>(resident.size())) FAIL("sequence count at step ", step_);
+            for (int b = 0; b < static_cast<int>(resident.size()); ++b) {
+                const auto& s = model_.at(resident[b]);
                 const int length = s.length();
-                if (view.length(b) != length || cache_.length(ids[b]) != length)
+                if (view.length(b) != length || cache_.length(resident[b]) != length)
                     FAIL("length ", view.length(b), " != model's ", length, " at step ", step_);
-                std::vector<int> expected;
-                for (int p = 0; p < length; ++p)
-                    if (present(length, p)) expected.push_back(p);
+                const std::vector<int> expected = expected_positions(s, l);
                 if (view.visible_count(b) != static_cast<int>(expected.size()))
                     FAIL("visible count ", view.visible_count(b), " != ", expected.size(), " at step ", step_);
                 for (int h = 0; h < kv; ++h) {
@@ -431,12 +659,47 @@ private:
                             // Bitwise: every value the model holds is exact in both precisions.
                             if (std::memcmp(key, &s.keys[l][m], dim * sizeof(element)) != 0 ||
                                 std::memcmp(value, &s.values[l][m], dim * sizeof(element)) != 0)
-                                FAIL("mismatch at step ", step_, " sequence ", ids[b], " layer ", l, " head ", h,
+                                FAIL("mismatch at step ", step_, " sequence ", resident[b], " layer ", l, " head ", h,
                                      " position ", p);
                         }
                         at += r.count;
                     }
                 }
+            }
+        }
+        if constexpr (kind == kvcache::layout_kind::paged)
+            for (kvcache::sequence_id id : ids) check_stored(id);
+    }
+
+    std::vector<int> expected_positions(const model_sequence<element>& s, int layer) const {
+        std::vector<int> expected;
+        for (int p = 0; p < s.length(); ++p)
+            if (present(s.length(), p) && s.stored(layer, p)) expected.push_back(p);
+        return expected;
+    }
+
+    // The paged owner's own account of a sequence: swapped or not, which
+    // positions each layer stores, and (while swapped out, where no view
+    // reaches) the rows read() returns from the host tier.
+    void check_stored(kvcache::sequence_id id) {
+        const auto& s = model_.at(id);
+        if (cache_.swapped_out(id) != s.swapped)
+            FAIL("sequence ", id, " swapped out: ", cache_.swapped_out(id), ", model: ", s.swapped, " at step ", step_);
+        if (cache_.length(id) != s.length())
+            FAIL("length of sequence ", id, " ", cache_.length(id), " != model's ", s.length(), " at step ", step_);
+        std::vector<element> k(row), v(row);
+        for (int l = 0; l < layers; ++l) {
+            const std::vector<int> expected = expected_positions(s, l);
+            if (cache_.present_positions(id, l) != expected)
+                FAIL("sequence ", id, " layer ", l, " stores ", cache_.present_positions(id, l).size(),
+                     " positions, the model ", expected.size(), " (or other ones) at step ", step_);
+            if (!s.swapped) continue;
+            for (int p : expected) {
+                cache_.read(id, l, p, 1, k, v);
+                const std::size_t m = std::size_t(p) * row;
+                if (std::memcmp(k.data(), &s.keys[l][m], row * sizeof(element)) != 0 ||
+                    std::memcmp(v.data(), &s.values[l][m], row * sizeof(element)) != 0)
+                    FAIL("swapped-out mismatch at step ", step_, " sequence ", id, " layer ", l, " position ", p);
             }
         }
     }
@@ -446,6 +709,8 @@ private:
     bool prefix_mode_;
     int sinks_, ring_, max_chunk_, capacity_, slots_;
     int step_ = 0;
+    int extra_compactions_ = 0;
+    int extra_swaps_ = 0;
     std::map<kvcache::sequence_id, model_sequence<element>> model_;
 };
 
@@ -510,6 +775,61 @@ TEST_CASE_TEMPLATE("model-based: paged cache, plain and prefix modes", Element, 
     CHECK(refusals > 0);
     MESSAGE("paged runs: ", hits, " prefix page hits, ", evictions, " evictions, ", copies, " copies on write, ",
             refusals, " refused operations");
+}
+
+// Issues 15 and 16: compaction mixed with append, fork, prefix hits,
+// truncate, save/load and swap through a host tier, in a pool of 24 pages of
+// 4 tokens that runs dry often; fp32, so every comparison is exact.
+TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
+    using cache_type = kvcache::paged_cache<float, heads>;
+    int compactions = 0, swaps = 0, refusals = 0, dry = 0;
+    std::uint64_t hits = 0, released = 0, copies = 0;
+    for (int i = 0; i < 8; ++i) {
+        for (bool prefix : {false, true}) {
+            const std::uint32_t seed = seed_for(i) + 11 + (prefix ? 1 : 0);
+            INFO("seed ", seed, " prefix ", prefix);
+            cache_type cache(layers, 24, 4, prefix);
+            cache.attach_host_tier(16);
+            model_run<cache_type> run(std::move(cache), seed, prefix);
+            // Swaps often enough that one sequence is swapped out, back in,
+            // changed and swapped out again: a stale host copy must not return.
+            run.mix_in(10, 8);
+            run.run(500);
+            CHECK(run.operations == 500);
+            const auto stats = run.cache().statistics();
+            hits += stats.prefix_hit_pages;
+            released += stats.pages_released_by_compaction;
+            copies += stats.copies;
+            compactions += run.compactions;
+            swaps += run.swaps;
+            refusals += run.failures_seen;
+            dry += run.pool_dry;
+
+            // Everything released: no page is referenced, and the whole pool
+            // (cached prefix pages evicted on demand) serves one new sequence.
+            run.remove_all();
+            cache_type& c = run.cache();
+            CHECK(c.statistics().pages_used == 0);
+            for (int p = 0; p < c.page_count(); ++p) CHECK(c.page_references(p) == 0);
+            const int tokens = c.page_count() * c.page_size();
+            const std::vector<float> rows(std::size_t(tokens) * row, 1.0f);
+            const kvcache::sequence_id id = c.add_sequence();
+            for (int l = 0; l < layers; ++l) c.append(id, l, rows, rows, tokens);
+            CHECK(c.statistics().pages_free == 0);
+            c.remove_sequence(id);
+            CHECK(c.statistics().pages_used == 0);
+        }
+    }
+    CHECK(compactions > 0);
+    CHECK(swaps > 0);
+    CHECK(refusals > 0);
+    CHECK(dry > 0);
+    CHECK(hits > 0);
+    CHECK(released > 0);
+    CHECK(copies > 0);
+    MESSAGE("compaction runs: ", compactions, " compactions (", released, " pages released), ", swaps, " swaps, ",
+            hits, " prefix page hits, ", copies, " copies on write, ", refusals, " refused operations (", dry,
+            " for want of pages)");
 }
 
 TEST_CASE_TEMPLATE("model-based: sliding window cache", Element, float, kvcache::half) {

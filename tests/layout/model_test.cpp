@@ -2,6 +2,9 @@
 // to a cache owner and to a plain reference model (each sequence a vector of
 // per-token K/V rows per layer); after every step every present row seen
 // through the view must equal the model's. All three layouts, fp32 and fp16.
+// The paged runs also compact (random kept rows per layer) and swap
+// sequences through a host tier; the model then records, per layer, the
+// positions a compaction dropped.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -30,7 +33,26 @@ struct model_sequence {
     std::vector<std::int32_t> tokens;
     std::vector<std::vector<Element>> keys = std::vector<std::vector<Element>>(layers);
     std::vector<std::vector<Element>> values = std::vector<std::vector<Element>>(layers);
+    /// Per layer, the positions below length() a compaction dropped (rows stay indexed by position).
+    std::vector<std::set<int>> dropped = std::vector<std::set<int>>(layers);
     int length() const { return static_cast<int>(keys[0].size() / row); }
+    bool compacted() const {
+        for (const auto& d : dropped)
+            if (!d.empty()) return true;
+        return false;
+    }
+    /// Whether every layer keeps the same positions (a saved record holds one set).
+    bool layers_agree() const {
+        for (const auto& d : dropped)
+            if (d != dropped[0]) return false;
+        return true;
+    }
+    /// Rows the most-keeping layer stores: what the shared page table must hold.
+    int stored_rows() const {
+        std::size_t fewest = dropped[0].size();
+        for (const auto& d : dropped) fewest = std::min(fewest, d.size());
+        return length() - static_cast<int>(fewest);
+    }
 };
 
 /// A value exactly representable in fp16, so both element types compare bit-exactly.
@@ -66,6 +88,8 @@ public:
             else if (op < 84) reload_everything();
             else if (op < 86) keep_only();
             else if (op < 92) bad_id();
+            else if (kind == kvcache::layout_kind::paged && op < 97) compact();
+            else if (kind == kvcache::layout_kind::paged) swap_round_trip();
             else append();
             check_all();
             ++operations;
@@ -200,10 +224,19 @@ private:
             bool expected = should_fail;
             if constexpr (kind == kvcache::layout_kind::paged) {
                 const int ps = cache_.page_size();
-                const int new_pages = (length + n + ps - 1) / ps - (length + ps - 1) / ps;
-                // The pool may only refuse when referenced pages plus the new ones (and one copy) overflow it.
+                const int stored = s.stored_rows();
+                const int held = (stored + ps - 1) / ps;
+                const int new_pages = (stored + n + ps - 1) / ps - held;
+                // Pages the new rows land in that exist already may need a copy on write: one
+                // at most, unless compaction left layers with fewer rows, which land lower down.
+                std::set<int> landing = {0};
+                for (int l = 0; l < layers && n > 0; ++l) {
+                    const int rows = length - static_cast<int>(s.dropped[l].size());
+                    for (int page = rows / ps; page <= (rows + n - 1) / ps && page < held; ++page) landing.insert(page);
+                }
+                // The pool may only refuse when referenced pages plus the new ones (and the copies) overflow it.
                 expected = e.code() == kvcache::error_code::capacity_exceeded &&
-                           referenced + new_pages + 1 > cache_.page_count();
+                           referenced + new_pages + static_cast<int>(landing.size()) > cache_.page_count();
             }
             INFO("step ", step_, ": ", std::string(e.what()));
             REQUIRE(expected);
@@ -246,6 +279,7 @@ private:
         }
         cache_.truncate(id, to);
         for (int l = 0; l < layers; ++l) {
+            s.dropped[l].erase(s.dropped[l].lower_bound(to), s.dropped[l].end());
             s.keys[l].resize(std::size_t(to) * row);
             s.values[l].resize(std::size_t(to) * row);
         }
@@ -265,6 +299,7 @@ private:
         if (model_.empty() || prefix_mode_) return;
         const kvcache::sequence_id id = any_id();
         auto& s = model_[id];
+        if (s.compacted()) return;  // writes address positions; a compacted layer's are not all there
         const int length = s.length();
         if (length == 0) return;
         const int first = pick(0, length - 1);
@@ -303,6 +338,10 @@ private:
         if (model_.empty()) return;
         const kvcache::sequence_id id = any_id();
         std::stringstream file;
+        if (!model_[id].layers_agree()) {
+            expect_failure(kvcache::error_code::invalid_argument, [&] { cache_.save(file, {id}); });
+            return;
+        }
         cache_.save(file, {id});
         try {
             const auto ids = cache_.load(file);
@@ -318,10 +357,17 @@ private:
     // Saves everything, loads it into a fresh cache and carries on with that one.
     void reload_everything() {
         std::stringstream file;
+        for (const auto& entry : model_)
+            if (!entry.second.layers_agree()) {
+                expect_failure(kvcache::error_code::invalid_argument, [&] { cache_.save(file); });
+                return;
+            }
         cache_.save(file);
         Cache fresh = make_empty_like();
         std::vector<kvcache::sequence_id> ids;
         try {
+            if constexpr (kind == kvcache::layout_kind::paged)
+                if (cache_.host_tier_pages() > 0) fresh.attach_host_tier(cache_.host_tier_pages());
             ids = fresh.load(file);
         } catch (const kvcache::error& e) {
             // Files hold each sequence's rows, not the sharing between forks,
@@ -369,6 +415,130 @@ private:
             it = std::find(keep.begin(), keep.end(), it->first) == keep.end() ? model_.erase(it) : std::next(it);
     }
 
+    // Keeps a random subset of one sequence's rows, in one layer or all: sinks
+    // kept or not, sometimes nothing; a bad list must change nothing.
+    void compact() {
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            if (model_.empty()) return;
+            const kvcache::sequence_id id = any_id();
+            auto& s = model_[id];
+            const int length = s.length();
+            std::vector<std::vector<int>> kept(layers);
+            std::vector<int> visible(layers);
+            for (int l = 0; l < layers; ++l) {
+                visible[l] = length - static_cast<int>(s.dropped[l].size());
+                const int sinks = pick(0, 2), density = pick(1, 4);
+                for (int i = 0; i < visible[l]; ++i)
+                    if (i < sinks || pick(1, 4) <= density - 1) kept[l].push_back(i);
+            }
+            const bool one_layer = pick(0, 2) == 0;
+            const int layer = pick(0, layers - 1);
+            auto call = [&](const std::vector<std::vector<int>>& lists) {
+                if (one_layer) cache_.compact(id, layer, lists[layer]);
+                else cache_.compact(id, lists);
+            };
+            const int bad = pick(0, 9);
+            const int victim = one_layer ? layer : pick(0, layers - 1);
+            if (bad == 0) {  // an index past the layer's visible rows
+                auto lists = kept;
+                lists[victim].push_back(visible[victim] + pick(0, 2));
+                const std::string before = accounting();
+                expect_failure(kvcache::error_code::out_of_range, [&] { call(lists); });
+                CHECK(accounting() == before);
+                return;
+            }
+            if (bad == 1 && kept[victim].size() >= 2) {  // not ascending
+                auto lists = kept;
+                std::swap(lists[victim][0], lists[victim][1]);
+                const std::string before = accounting();
+                expect_failure(kvcache::error_code::invalid_argument, [&] { call(lists); });
+                CHECK(accounting() == before);
+                return;
+            }
+            const std::string before = accounting();
+            try {
+                call(kept);
+            } catch (const kvcache::error& e) {
+                INFO("step ", step_, ": ", std::string(e.what()));
+                // Only a copy on write of a shared page may lack a free page.
+                REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
+                CHECK(accounting() == before);
+                ++failures_seen;
+                return;
+            }
+            for (int l = 0; l < layers; ++l) {
+                if (one_layer && l != layer) continue;
+                std::vector<int> positions;
+                for (int p = 0; p < length; ++p)
+                    if (!s.dropped[l].count(p)) positions.push_back(p);
+                std::set<int> keep;
+                for (int i : kept[l]) keep.insert(positions[std::size_t(i)]);
+                for (int p : positions)
+                    if (!keep.count(p)) s.dropped[l].insert(p);
+            }
+            ++compactions;
+        }
+    }
+
+    // swap_out then swap_in of one sequence: every row comes back, a swapped
+    // sequence cannot be attended to, and a refused swap changes nothing.
+    void swap_round_trip() {
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            if (model_.empty() || cache_.host_tier_pages() == 0) return;
+            const kvcache::sequence_id id = any_id();
+            const std::string before = accounting();
+            try {
+                cache_.swap_out(id);
+            } catch (const kvcache::error& e) {
+                INFO("step ", step_, ": ", std::string(e.what()));
+                REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);  // the tier is full
+                CHECK(accounting() == before);
+                ++failures_seen;
+                return;
+            }
+            REQUIRE(cache_.swapped_out(id));
+            expect_failure(kvcache::error_code::invalid_argument, [&] { (void)cache_.view(0, {id}); });
+            cache_.swap_in(id);  // the pages it freed are still free: nothing ran in between
+            REQUIRE_FALSE(cache_.swapped_out(id));
+            ++swaps;
+        }
+    }
+
+    // The pool's and tiers' bookkeeping and every page table, without save()
+    // (which refuses sequences whose layers keep different positions).
+    std::string accounting() const {
+        std::ostringstream out;
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            const auto st = cache_.statistics();
+            out << st.pages_used << "," << st.pages_free << "," << st.pages_cached << "," << st.pages_evictable << ","
+                << st.evictions << "," << st.copies << "," << st.host_pages_used << "," << st.host_pages_cached << ","
+                << st.sequences_swapped_out << "," << st.pages_released_by_compaction;
+            for (auto id : cache_.sequences()) {
+                out << "|" << id << ":" << cache_.length(id);
+                for (int p : cache_.pages(id)) out << ";" << p << "x" << cache_.page_references(p);
+            }
+        }
+        return out.str();
+    }
+
+public:
+    int compactions = 0;
+    int swaps = 0;
+
+    /// Removes every sequence; the pool must then hold no page for anyone.
+    void release_everything() {
+        for (const auto& entry : model_) cache_.remove_sequence(entry.first);
+        model_.clear();
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            const auto st = cache_.statistics();
+            CHECK(st.pages_used == 0);
+            // Cached prefix pages nobody references are evictable: free for the asking.
+            CHECK(st.pages_free + st.pages_evictable == cache_.page_count());
+            CHECK(st.host_pages_used == 0);
+        }
+    }
+
+private:
     void bad_id() {
         const kvcache::sequence_id missing = 1 << 30;
         switch (pick(0, 4)) {
@@ -411,7 +581,7 @@ private:
                     FAIL("length ", view.length(b), " != model's ", length, " at step ", step_);
                 std::vector<int> expected;
                 for (int p = 0; p < length; ++p)
-                    if (present(length, p)) expected.push_back(p);
+                    if (present(length, p) && !s.dropped[l].count(p)) expected.push_back(p);
                 if (view.visible_count(b) != static_cast<int>(expected.size()))
                     FAIL("visible count ", view.visible_count(b), " != ", expected.size(), " at step ", step_);
                 for (int h = 0; h < kv; ++h) {
@@ -483,19 +653,25 @@ TEST_CASE_TEMPLATE("model-based: contiguous dynamic cache", Element, float, kvca
 }
 
 TEST_CASE_TEMPLATE("model-based: paged cache, plain and prefix modes", Element, float, kvcache::half) {
-    std::uint64_t hits = 0, evictions = 0, copies = 0;
-    int refusals = 0;
+    std::uint64_t hits = 0, evictions = 0, copies = 0, released = 0;
+    int refusals = 0, compactions = 0, swaps = 0;
     for (int i = 0; i < seeds; ++i) {
         for (bool prefix : {false, true}) {
             for (int page_size : {1, 3, 4}) {
                 const std::uint32_t seed = seed_for(i) + 2 + page_size;
                 INFO("seed ", seed, " prefix ", prefix, " page_size ", page_size);
                 // A small pool, so the pool runs dry and eviction happens.
-                model_run<kvcache::paged_cache<Element, heads>> run(
-                    kvcache::paged_cache<Element, heads>(layers, 150 / page_size, page_size, prefix), seed, prefix);
+                kvcache::paged_cache<Element, heads> cache(layers, 150 / page_size, page_size, prefix);
+                // A host tier smaller than the pool, so a long sequence cannot swap out.
+                cache.attach_host_tier(60 / page_size);
+                model_run<kvcache::paged_cache<Element, heads>> run(std::move(cache), seed, prefix);
                 run.run(steps / 2);
                 CHECK(run.operations == steps / 2);
                 const auto stats = run.cache().statistics();
+                compactions += run.compactions;
+                swaps += run.swaps;
+                released += stats.pages_released_by_compaction;
+                run.release_everything();
                 hits += stats.prefix_hit_pages;
                 evictions += stats.evictions;
                 copies += stats.copies;
@@ -508,8 +684,12 @@ TEST_CASE_TEMPLATE("model-based: paged cache, plain and prefix modes", Element, 
     CHECK(evictions > 0);
     CHECK(copies > 0);
     CHECK(refusals > 0);
+    CHECK(compactions > 0);
+    CHECK(released > 0);
+    CHECK(swaps > 0);
     MESSAGE("paged runs: ", hits, " prefix page hits, ", evictions, " evictions, ", copies, " copies on write, ",
-            refusals, " refused operations");
+            refusals, " refused operations, ", compactions, " compactions releasing ", released, " pages, ", swaps,
+            " swap round trips");
 }
 
 TEST_CASE_TEMPLATE("model-based: sliding window cache", Element, float, kvcache::half) {

@@ -571,6 +571,15 @@ private:
         std::vector<kvcache::sequence_id> ids;
         for (const auto& entry : model_) ids.push_back(entry.first);
         REQUIRE(cache_.sequences() == ids);
+        if constexpr (kind == kvcache::layout_kind::paged) {
+            // A sequence holds the pages its most-keeping layer's rows fill, no more:
+            // compaction and truncation give the rest back.
+            const int ps = cache_.page_size();
+            for (const auto& entry : model_)
+                if (static_cast<int>(cache_.pages(entry.first).size()) != (entry.second.stored_rows() + ps - 1) / ps)
+                    FAIL("sequence ", entry.first, " holds ", cache_.pages(entry.first).size(), " pages for ",
+                         entry.second.stored_rows(), " stored rows at step ", step_);
+        }
         for (int l = 0; l < layers; ++l) {
             const auto view = cache_.view(l, ids);
             if (view.sequence_count() != static_cast<int>(ids.size())) FAIL("sequence count at step ", step_);

@@ -116,3 +116,70 @@ TEST_CASE("the trained model answers the shipped recall queries as PyTorch recor
     CHECK(std::fabs(engine.accuracy() - torch_accuracy) <=
           double(engine.correct.size() - compared) / double(engine.correct.size()) + 1e-12);
 }
+
+// Issue 15's third trigger: a pool too small for the whole generation finishes when the
+// policy also compacts whenever the pool runs short, and refuses without it. The oracle
+// for the tokens is the same streaming policy compacting after every pass in a pool
+// large enough for everything: a threshold no pass can meet makes the short pool
+// compact after every pass too, so the two runs hold the same rows at every step.
+TEST_CASE("compaction when the pool runs short lets a small pool finish the generation") {
+    using heads = kvcache::head_config<8, 2, 32>;
+    using owner = kvcache::paged_cache<float, heads>;
+    thread_pool pool(1);
+    llama_model model = load_model(pool);
+    const int layers = model.config().num_layers;
+    const std::string text = read_file_bytes(model_dir + "/" + recorded()["heldout_sample"]["file"].get<std::string>());
+    std::vector<int> prompt = {256};
+    for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<unsigned char>(text[std::size_t(i)]));
+    const int new_tokens = 40, page = 4;
+    // 48 + 40 rows need 22 pages; the budget of 24 rows needs 6, and 14 leave room for the prompt.
+    const int small_pool = 14;
+
+    compression_options streaming;
+    streaming.policy = kvcache::eviction_policy::streaming;
+    streaming.budget = kvcache::eviction_budget::of_tokens(24);
+    streaming.compress_every = 0;  // after the prefill only: the decode steps grow past the pool
+
+    SUBCASE("without the trigger the small pool runs out") {
+        owner cache(heads{}, layers, small_pool, page, false);
+        try {
+            (void)detail::generate_in<kvcache_attention>(cache, model, prompt, new_tokens, {}, streaming);
+            FAIL("the generation fitted a pool it cannot fit");
+        } catch (const kvcache::error& e) {
+            CHECK(e.code() == kvcache::error_code::capacity_exceeded);
+        }
+    }
+    SUBCASE("with it the generation finishes, compacting only when the pool is short") {
+        compression_options triggered = streaming;
+        triggered.compress_when_free_below = 2;
+        owner cache(heads{}, layers, small_pool, page, false);
+        const cached_generation run = detail::generate_in<kvcache_attention>(cache, model, prompt, new_tokens, {}, triggered);
+        CHECK(run.trace.tokens.size() == std::size_t(new_tokens));
+        // After the prefill's, each compaction drops 40-odd rows back to 24: a few, not one a step.
+        CHECK(run.compactions > 1);
+        CHECK(run.compactions < new_tokens / 4);
+        MESSAGE("pool of ", small_pool, " pages, trigger below 2 free: ", run.compactions, " compactions");
+    }
+    SUBCASE("a trigger met after every pass gives the tokens of compacting every step") {
+        compression_options always = streaming;
+        always.compress_when_free_below = small_pool + 1;
+        owner small(heads{}, layers, small_pool, page, false);
+        const cached_generation triggered = detail::generate_in<kvcache_attention>(small, model, prompt, new_tokens, {}, always);
+        compression_options every_step = streaming;
+        every_step.compress_every = 1;
+        owner large(heads{}, layers, 64, page, false);
+        const cached_generation reference = detail::generate_in<kvcache_attention>(large, model, prompt, new_tokens, {}, every_step);
+        CHECK(triggered.trace.tokens == reference.trace.tokens);
+        CHECK(triggered.compactions == reference.compactions);
+        CHECK(triggered.rows_held == reference.rows_held);
+    }
+}
+
+TEST_CASE("a negative pool threshold is refused naming the value") {
+    compression_options options;
+    options.policy = kvcache::eviction_policy::streaming;
+    options.budget = kvcache::eviction_budget::of_tokens(24);
+    options.compress_when_free_below = -3;
+    CHECK_THROWS_WITH_AS(options.validate(), doctest::Contains("compress_when_free_below = -3 is negative"),
+                         kvcache::error);
+}

@@ -58,6 +58,9 @@ options:
   --kv-layer-budgets K   uniform | pyramid: the same budget per layer, or PyramidKV's decreasing ones
                          of the same total (default uniform)
   --kv-compress-every N  decode steps between compactions; 0: only after the prefill (default 1)
+  --kv-compress-when-free-below PAGES
+                         also compact after any step that leaves fewer than PAGES pages free
+                         in the pool (the pool running short); 0: never (default 0)
   --kv-sinks N           first rows every policy keeps (default 4)
   --kv-recent N          last rows every policy keeps (default 8)
   --kv-window N          snapkv: the prompt's last queries whose attention ranks rows (default 16)
@@ -104,6 +107,7 @@ ex::compression_options compression_of(const ex::arguments& args) {
         throw ex::usage_error("--kv-layer-budgets '" + layer_budgets + "' is not one of uniform, pyramid");
     c.pyramid = layer_budgets == "pyramid";
     c.compress_every = args.integer("--kv-compress-every", 1, 0, 1 << 20);
+    c.compress_when_free_below = args.integer("--kv-compress-when-free-below", 0, 0, 1 << 20);
     c.sinks = args.integer("--kv-sinks", 4, 0, 1 << 20);
     c.recent = args.integer("--kv-recent", 8, 0, 1 << 20);
     c.observation_window = args.integer("--kv-window", 16, 1, 1 << 20);
@@ -144,7 +148,7 @@ int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help", "--no-cache", "--compare"},
                        {"--model", "--prompt-ids", "--max-new-tokens", "--backend", "--layout", "--dtype", "--page-size", "--window",
                         "--sinks", "--threads", "--dump-logits", "--kv-policy", "--kv-budget", "--kv-ratio",
-                        "--kv-layer-budgets", "--kv-compress-every", "--kv-sinks", "--kv-recent", "--kv-window",
+                        "--kv-layer-budgets", "--kv-compress-every", "--kv-compress-when-free-below", "--kv-sinks", "--kv-recent", "--kv-window",
                         "--kv-seed"});
     if (args.has("--help")) {
         std::cout << usage;

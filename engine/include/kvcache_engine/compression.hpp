@@ -29,6 +29,9 @@ struct compression_options {
     eviction_budget budget = eviction_budget::of_ratio(1.0);
     bool pyramid = false;       ///< PyramidKV budgets (pyramid_budgets) instead of the same for every layer
     int compress_every = 1;     ///< decode steps between compactions; 0: only after a prefill
+    /// Also compact after any pass that leaves fewer than this many pages free
+    /// or evictable in the pool (the pool running short); 0: never.
+    int compress_when_free_below = 0;
     int sinks = 4;              ///< first rows always kept
     int recent = 8;             ///< last rows always kept
     int observation_window = 16;  ///< snapkv: the prompt's last queries whose attention ranks the rows
@@ -55,6 +58,8 @@ struct compression_options {
     void validate() const {
         require(compress_every >= 0, error_code::invalid_argument, "compress_every = ", compress_every,
                 " is negative (0: only after a prefill)");
+        require(compress_when_free_below >= 0, error_code::invalid_argument, "compress_when_free_below = ",
+                compress_when_free_below, " is negative (0: never)");
         require(observation_window > 0, error_code::invalid_argument, "snapkv observation window ", observation_window,
                 " must be positive");
         if (budget.tokens == 0) eviction_budget::of_ratio(budget.ratio);  // throws outside (0, 1]

@@ -118,7 +118,8 @@ public:
         }
         if constexpr (compacts_v<Cache>) {
             attend_scored(layer, queries, keys, values, span<float>(out, q_count));
-            if (layer + 1 == cache_.layers() && schedule_.due_after(prefill_)) compact_over_budget();
+            // due_after counts the pass, so it runs first; a short pool compacts between scheduled runs too.
+            if (layer + 1 == cache_.layers() && (schedule_.due_after(prefill_) || pool_short())) compact_over_budget();
         }
     }
 
@@ -160,6 +161,13 @@ private:
         }
         if (scores_.wanted())
             scores_.record(layer, span<const float>(step_scores_.data(), step_scores_.size()), rows, rows, prefill_);
+    }
+
+    // Pages a next append can take: free ones and cached ones nobody references.
+    bool pool_short() const {
+        if (compression_.compress_when_free_below == 0) return false;
+        const auto st = cache_.statistics();
+        return st.pages_free + st.pages_evictable < compression_.compress_when_free_below;
     }
 
     // Every layer over its budget keeps select_rows' choice; all layers in one compact().

@@ -27,9 +27,7 @@ struct attention_shape {
 /// Bytes of one query/output element: the cache's type, half for an fp8
 /// cache (default_activation_t), float for fp32.
 inline std::size_t activation_size(element_kind element) noexcept {
-    return element == element_kind::fp8_e4m3 || element == element_kind::fp8_e5m2
-               ? 2
-               : static_cast<std::size_t>(element_size(element));
+    return is_scaled_kind(element) ? 2 : static_cast<std::size_t>(element_size(element));
 }
 
 /// Bytes of K and V one decode step reads: every visible row of every KV head, once.
@@ -42,8 +40,7 @@ inline std::size_t decode_kv_bytes(const attention_shape& s) noexcept {
 /// (one float each for K and V), the queries read and the outputs written,
 /// each sequence's length, and a paged view's page table entries (one int per page).
 inline std::size_t decode_bytes(const attention_shape& s) noexcept {
-    const bool fp8 = s.element == element_kind::fp8_e4m3 || s.element == element_kind::fp8_e5m2;
-    const std::size_t scales = fp8 ? 2 * sizeof(float) : 0;
+    const std::size_t scales = is_scaled_kind(s.element) ? 2 * sizeof(float) : 0;
     const std::size_t q_and_o =
         2 * std::size_t(s.batch) * std::size_t(s.query_heads) * std::size_t(s.head_dim) * activation_size(s.element);
     const std::size_t lengths = std::size_t(s.batch) * sizeof(int);

@@ -99,9 +99,7 @@ void run_decode_bandwidth(const options& opts, report& out) {
                         const double gbps = double(bytes) / t.median / 1e9;
                         nlohmann::json metrics;
                         add_timing(metrics, "ms_per_call", t, 1e3);
-                        metrics["gbytes_per_s"] = gbps;
-                        metrics["gbytes_per_s_min"] = double(bytes) / t.max / 1e9;
-                        metrics["gbytes_per_s_max"] = double(bytes) / t.min / 1e9;
+                        add_rate(metrics, "gbytes_per_s", double(bytes) / 1e9, t);
                         metrics["fraction_of_measured_bandwidth"] = gbps / dram.gbytes_per_s;
                         metrics["read_gbytes_per_s"] = dram.gbytes_per_s;
                         metrics["bytes_per_call"] = bytes;

@@ -41,13 +41,9 @@ void prefill_chunks(const options& opts, report& out, int prefix, const std::vec
         const double flops = prefill_flops(1, heads::query_heads(), heads::head_dim, prefix, chunk);
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_chunk", t, 1e3);
-        metrics["tokens_per_s"] = chunk / t.median;
-        metrics["tokens_per_s_min"] = chunk / t.max;
-        metrics["tokens_per_s_max"] = chunk / t.min;
+        add_rate(metrics, "tokens_per_s", chunk, t);
         metrics["runs"] = t.runs;
-        metrics["gflop_per_s"] = flops / t.median / 1e9;
-        metrics["gflop_per_s_min"] = flops / t.max / 1e9;
-        metrics["gflop_per_s_max"] = flops / t.min / 1e9;
+        add_rate(metrics, "gflop_per_s", flops / 1e9, t);
         out.add({"prefill",
                  {{"layout", "paged"},
                   {"element", to_string(element_traits<Element>::kind)},

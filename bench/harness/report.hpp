@@ -28,6 +28,14 @@ inline void add_timing(nlohmann::json& metrics, const std::string& name, const t
     metrics[name + "_max"] = t.max * scale;
 }
 
+/// Adds name (amount per second at the median time), name_min (at the slowest
+/// run) and name_max (at the fastest), e.g. bytes / 1e9 as gbytes_per_s.
+inline void add_rate(nlohmann::json& metrics, const std::string& name, double amount, const timing& t) {
+    metrics[name] = amount / t.median;
+    metrics[name + "_min"] = amount / t.max;
+    metrics[name + "_max"] = amount / t.min;
+}
+
 namespace detail {
 
 /// "key=value key=value" with numbers to four significant digits.

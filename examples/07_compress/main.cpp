@@ -262,6 +262,12 @@ int run(int argc, char** argv) {
 
     auto ms_per_token = [](const tally& t) { return t.decode_steps ? t.decode_seconds / double(t.decode_steps) * 1e3 : 0.0; };
     auto mean_bytes = [](const tally& t) { return t.windows ? t.bytes / double(t.windows) : 0.0; };
+    auto kl_mean = [](const tally& t) { return t.kl_count ? t.kl_sum / double(t.kl_count) : 0.0; };
+    // Relative to the full cache: perplexity - 1 and the fraction of its bytes.
+    auto perplexity_vs_full = [&](const tally& t) { return t.perplexity() / full_cache.perplexity() - 1.0; };
+    auto bytes_vs_full = [&](const tally& t) {
+        return mean_bytes(full_cache) > 0 ? mean_bytes(t) / mean_bytes(full_cache) : 0.0;
+    };
     std::printf("\nfull cache: perplexity %.4f, recall %d/%d, %.0f bytes held at the end of a window, %.3f ms/token\n",
                 full_cache.perplexity(), full_cache.recall_right, full_cache.recall_total, mean_bytes(full_cache),
                 ms_per_token(full_cache));
@@ -277,10 +283,8 @@ int run(int argc, char** argv) {
         for (std::size_t p = 1; p < columns.size(); ++p) {
             const tally& t = tallies[b][p];
             std::printf("| %s | %.4f | %+.2f%% | %d/%d | %.4f | %.5f | %.0f | %.0f%% | %.3f |\n",
-                        kvcache::to_string(columns[p]), t.perplexity(),
-                        (t.perplexity() / full_cache.perplexity() - 1.0) * 100.0, t.recall_right, t.recall_total,
-                        t.kl_max, t.kl_count ? t.kl_sum / double(t.kl_count) : 0.0, mean_bytes(t),
-                        mean_bytes(full_cache) > 0 ? mean_bytes(t) / mean_bytes(full_cache) * 100.0 : 0.0,
+                        kvcache::to_string(columns[p]), t.perplexity(), perplexity_vs_full(t) * 100.0,
+                        t.recall_right, t.recall_total, t.kl_max, kl_mean(t), mean_bytes(t), bytes_vs_full(t) * 100.0,
                         ms_per_token(t));
             if (!t.budget_held) {
                 all_held = false;
@@ -293,13 +297,13 @@ int run(int argc, char** argv) {
         // One result per policy and budget, plus the full cache, in kvcache_bench's schema.
         auto metrics_of = [&](const tally& t) {
             return nlohmann::json{{"perplexity", t.perplexity()},
-                                  {"perplexity_vs_full", t.perplexity() / full_cache.perplexity() - 1.0},
+                                  {"perplexity_vs_full", perplexity_vs_full(t)},
                                   {"recall_right", t.recall_right},
                                   {"recall_total", t.recall_total},
                                   {"kl_max", t.kl_max},
-                                  {"kl_mean", t.kl_count ? t.kl_sum / double(t.kl_count) : 0.0},
+                                  {"kl_mean", kl_mean(t)},
                                   {"bytes_held", mean_bytes(t)},
-                                  {"bytes_vs_full", mean_bytes(full_cache) > 0 ? mean_bytes(t) / mean_bytes(full_cache) : 0.0},
+                                  {"bytes_vs_full", bytes_vs_full(t)},
                                   {"ms_per_token", ms_per_token(t)}};
         };
         nlohmann::json results = nlohmann::json::array();

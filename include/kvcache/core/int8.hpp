@@ -32,7 +32,7 @@ inline constexpr int qint8_scale_bytes = static_cast<int>(sizeof(float));
 /// @tparam Element the stored element type
 template <class Element>
 KVCACHE_HOST_DEVICE constexpr int row_elements(int head_dim) noexcept {
-    return std::is_same_v<Element, qint8> ? head_dim + qint8_scale_bytes : head_dim;
+    return std::is_same_v<std::remove_cv_t<Element>, qint8> ? head_dim + qint8_scale_bytes : head_dim;
 }
 
 /// The scale stored with a row: the float after a qint8 row's head_dim values,

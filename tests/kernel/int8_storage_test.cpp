@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/backend/reference.hpp"
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
@@ -139,4 +140,81 @@ TEST_CASE("int8 paged cache: fork, copy on write, save and load keep rows and sc
     std::istringstream third(bytes);
     CHECK_THROWS_WITH_AS(halves.load(third), doctest::Contains("fp16"), error);
     CHECK(halves.sequence_count() == 0);
+}
+
+namespace {
+
+double largest_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
+    return worst;
+}
+
+// The reference backend on an int8 cache against the reference on a float
+// cache holding the rows dequantised by the test (q * scale), and against the
+// reference on the original floats (the format's error).
+template <class Cache, class FloatCache>
+void check_reference(Cache cache, FloatCache dequantised, FloatCache original) {
+    const std::vector<int> lengths = {23, 9};
+    const int total = 32, qh = 4;
+    std::vector<sequence_id> ids, dequantised_ids, original_ids;
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+        ids.push_back(cache.add_sequence());
+        dequantised_ids.push_back(dequantised.add_sequence());
+        original_ids.push_back(original.add_sequence());
+    }
+    const auto keys = random_rows(std::size_t(total) * kv * dim, 21), values = random_rows(std::size_t(total) * kv * dim, 22);
+    auto plan = cache.plan(ids, lengths);
+    auto original_plan = original.plan(original_ids, lengths);
+    for (int l = 0; l < 2; ++l) {
+        reference_backend{}.append(append_params(plan.view(l), span<const float>(keys), span<const float>(values), plan.new_token_offsets()));
+        reference_backend{}.append(append_params(original_plan.view(l), span<const float>(keys), span<const float>(values),
+                                                 original_plan.new_token_offsets()));
+    }
+    // Dequantise what the reference stored, row by row, into the float cache.
+    int done = 0;
+    for (std::size_t b = 0; b < ids.size(); ++b) {
+        for (int l = 0; l < 2; ++l) {
+            const std::vector<qint8> k = layer_rows(cache, ids[b], l, true), v = layer_rows(cache, ids[b], l, false);
+            std::vector<float> dk(std::size_t(lengths[b]) * kv * dim), dv(dk.size());
+            for (int r = 0; r < lengths[b] * kv; ++r) {
+                float ks, vs;
+                std::memcpy(&ks, k.data() + std::size_t(r) * stored + dim, sizeof ks);
+                std::memcpy(&vs, v.data() + std::size_t(r) * stored + dim, sizeof vs);
+                for (int d = 0; d < dim; ++d) {
+                    dk[std::size_t(r) * dim + d] = float(k[std::size_t(r) * stored + d].bits) * ks;
+                    dv[std::size_t(r) * dim + d] = float(v[std::size_t(r) * stored + d].bits) * vs;
+                }
+            }
+            if (l == 0) (void)dequantised.begin_append(dequantised_ids[b], lengths[b]);
+            dequantised.write(dequantised_ids[b], l, 0, span<const float>(dk), span<const float>(dv), lengths[b]);
+        }
+        done += lengths[b];
+    }
+    CHECK(done == total);
+    auto dequantised_plan = dequantised.plan(dequantised_ids);
+    auto attend_plan = cache.plan(ids);
+    auto original_attend = original.plan(original_ids);
+    const auto queries = random_rows(lengths.size() * qh * dim, 23);
+    std::vector<float> on_int8(queries.size()), on_dequantised(queries.size()), on_original(queries.size());
+    reference_backend{}.decode(decode_params(attend_plan.view(1), span<const float>(queries), span<float>(on_int8)));
+    reference_backend{}.decode(decode_params(dequantised_plan.view(1), span<const float>(queries), span<float>(on_dequantised)));
+    reference_backend{}.decode(decode_params(original_attend.view(1), span<const float>(queries), span<float>(on_original)));
+    // Both in double over the same numbers up to one float rounding of q * scale
+    // (relative 2^-24 per element) and the outputs' rounding to float.
+    CHECK(largest_difference(on_int8, on_dequantised) <= 1e-5);
+    // The format: each element within half a step (max|row| / 254) of the original.
+    const double format = largest_difference(on_int8, on_original);
+    MESSAGE("int8 format error of the reference decode: ", format);
+    CHECK(format <= 0.05);
+    CHECK(format > 0.0);
+}
+
+}  // namespace
+
+TEST_CASE("int8 caches: the reference backend appends the owners' rows and dequantises them") {
+    check_reference(contiguous_cache<qint8, heads>(2, 2, 32), contiguous_cache<float, heads>(2, 2, 32),
+                    contiguous_cache<float, heads>(2, 2, 32));
+    check_reference(paged_cache<qint8, heads>(2, 32, 4), paged_cache<float, heads>(2, 32, 4),
+                    paged_cache<float, heads>(2, 32, 4));
 }

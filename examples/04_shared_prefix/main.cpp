@@ -420,7 +420,8 @@ int main(int argc, char** argv) {
         s.seed = args.integer("--seed", 1, 0, 1 << 30);
         s.repeats = args.integer("--repeats", 21, 1, 100000);
         const kvcache::element_kind element = args.element("--dtype", kvcache::element_kind::fp32);
-        if (kvcache::is_scaled_kind(element))  // parse_element_kind reads fp8 names; this program has no fp8 path
+        // parse_element_kind reads fp8 and int8 names; this program has no path for them
+        if (kvcache::is_scaled_kind(element) || element == kvcache::element_kind::int8)
             throw ex::usage_error("--dtype " + std::string(kvcache::to_string(element)) +
                                   ": 04_shared_prefix runs fp32, fp16 and bf16 caches (02_generate and 06_llama run fp8)");
         kvcache::cpu::set_thread_count(args.integer("--threads", 0, 0, 1024));

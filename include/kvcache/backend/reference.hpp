@@ -44,8 +44,11 @@ gathered_rows gather(const Layout& view, int sequence, int kv_head) {
         const auto* key = view.key(sequence, kv_head, position);
         const auto* value = view.value(sequence, kv_head, position);
         rows.positions.push_back(position);
-        for (int d = 0; d < dim; ++d) rows.keys.push_back(static_cast<double>(to_float(key[d])) * scales.key);
-        for (int d = 0; d < dim; ++d) rows.values.push_back(static_cast<double>(to_float(value[d])) * scales.value);
+        // int8 rows carry their own scale (1 for every other type): dequantised here, in double.
+        const double key_scale = double(scales.key) * row_scale_of(key, dim);
+        const double value_scale = double(scales.value) * row_scale_of(value, dim);
+        for (int d = 0; d < dim; ++d) rows.keys.push_back(static_cast<double>(to_float(key[d])) * key_scale);
+        for (int d = 0; d < dim; ++d) rows.values.push_back(static_cast<double>(to_float(value[d])) * value_scale);
     }
     return rows;
 }
@@ -174,6 +177,11 @@ public:
                     const std::size_t source = (static_cast<std::size_t>(first + t) * view.kv_heads() + kv) * dim;
                     element* key = view.key(b, kv, position);
                     element* value = view.value(b, kv, position);
+                    if constexpr (std::is_same_v<element, qint8>) {
+                        quantise_row([&](int d) { return to_float(p.keys[source + std::size_t(d)]); }, dim, key);
+                        quantise_row([&](int d) { return to_float(p.values[source + std::size_t(d)]); }, dim, value);
+                        continue;
+                    }
                     for (int d = 0; d < dim; ++d) {
                         key[d] = from_float_scaled<element>(to_float(p.keys[source + d]), scales.key);
                         value[d] = from_float_scaled<element>(to_float(p.values[source + d]), scales.value);

@@ -244,8 +244,9 @@ protected:
                 "the head counts are not set: a cache over a dynamic head_config takes them as its first argument, "
                 "e.g. head_config<dynamic, dynamic, ", Heads::head_dim, ">{32, 8}");
     }
-    /// Rows of one token in one layer: kv_heads x head_dim elements.
-    std::size_t token_row() const noexcept { return std::size_t(kv_heads()) * Heads::head_dim; }
+    /// Rows of one token in one layer as stored: kv_heads x row_elements
+    /// (head_dim, or head_dim + 4 for qint8, whose rows carry their scale).
+    std::size_t token_row() const noexcept { return std::size_t(kv_heads()) * row_elements<Element>(Heads::head_dim); }
 
     /// Rows of another element type converted to Element (write/append of
     /// float rows), divided by scale first for an fp8 cache.
@@ -255,9 +256,22 @@ protected:
         using Input = detail::range_element_t<Rows>;
         static_assert(is_activation_element_v<Input>, "kvcache: K/V rows are float, kvcache::half or kvcache::bfloat16");
         const auto in = make_span(rows);
-        std::vector<Element> out(in.size());
-        for (std::size_t i = 0; i < in.size(); ++i) out[i] = from_float_scaled<Element>(to_float(in[i]), scale);
-        return out;
+        if constexpr (std::is_same_v<Element, qint8>) {
+            // Each head_dim values become one quantised row with its own scale
+            // (the layer scale does not apply). A size that is not whole rows
+            // keeps its remainder, so check_rows still refuses it.
+            constexpr std::size_t dim = Heads::head_dim, stored = row_elements<qint8>(Heads::head_dim);
+            const std::size_t whole = in.size() / dim;
+            std::vector<Element> out(whole * stored + in.size() % dim);
+            for (std::size_t r = 0; r < whole; ++r)
+                quantise_row([&](int d) { return to_float(in[r * dim + std::size_t(d)]); }, int(dim), out.data() + r * stored);
+            (void)scale;
+            return out;
+        } else {
+            std::vector<Element> out(in.size());
+            for (std::size_t i = 0; i < in.size(); ++i) out[i] = from_float_scaled<Element>(to_float(in[i]), scale);
+            return out;
+        }
     }
 
     /// replan() with the reservation of entry i made by reserve(i) (the paged

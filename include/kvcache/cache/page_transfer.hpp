@@ -70,7 +70,7 @@ struct page_export {
     std::size_t page_elements(int p) const noexcept {
         std::size_t rows = 0;
         for (int l = 0; l < layers; ++l) rows += std::size_t(rows_carried(p, l));
-        return rows * heads.kv_heads * heads.head_dim * 2;
+        return rows * heads.kv_heads * std::size_t(row_elements<Element>(heads.head_dim)) * 2;
     }
     /// Bytes of the carried rows.
     std::size_t payload_bytes() const noexcept { return payload.size() * sizeof(Element); }
@@ -117,7 +117,7 @@ void for_each_carried_run(const page_export<Element>& e, int p, int l, F&& f) {
 /// into the payload, with each page's checksum.
 template <class Element, class Cache>
 void carry_pages(const Cache& cache, sequence_id id, page_export<Element>& e) {
-    const std::size_t row = std::size_t(e.heads.kv_heads) * e.heads.head_dim;
+    const std::size_t row = std::size_t(e.heads.kv_heads) * row_elements<Element>(e.heads.head_dim);
     for (int p = e.first_page; p < e.page_count(); ++p) {
         const std::size_t begin = e.payload.size();
         e.payload.resize(begin + e.page_elements(p));
@@ -138,7 +138,7 @@ void carry_pages(const Cache& cache, sequence_id id, page_export<Element>& e) {
 /// skipping the full pages below `shared_rows` (taken from the prefix cache).
 template <class Element, class Cache>
 void place_pages(Cache& cache, sequence_id id, const page_export<Element>& e, int shared_rows) {
-    const std::size_t row = std::size_t(e.heads.kv_heads) * e.heads.head_dim;
+    const std::size_t row = std::size_t(e.heads.kv_heads) * row_elements<Element>(e.heads.head_dim);
     const Element* in = e.payload.data();
     for (int p = e.first_page; p < e.page_count(); ++p) {
         const bool held = (p + 1) * e.page_size <= shared_rows;

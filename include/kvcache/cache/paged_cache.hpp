@@ -42,7 +42,7 @@ namespace kvcache {
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class paged_cache : public detail::owner_base<paged_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_element_v<Element>, "kvcache::paged_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3 or kvcache::float8_e5m2");
+    static_assert(is_element_v<Element> || std::is_same_v<Element, qint8>, "kvcache::paged_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2 or kvcache::qint8");
     using base = detail::owner_base<paged_cache, Element, Heads>;
     using buffer = typename Memory::template buffer<Element>;
     friend base;
@@ -81,7 +81,7 @@ public:
     int page_count() const noexcept { return pool_.size(); }
     bool prefix_caching() const noexcept { return prefix_caching_; }
     /// Elements of one page's key (or value) plane: kv_heads * page_size * head_dim.
-    std::int64_t page_elements() const noexcept { return std::int64_t(this->kv_heads()) * page_size_ * Heads::head_dim; }
+    std::int64_t page_elements() const noexcept { return std::int64_t(this->kv_heads()) * page_size_ * row_elements<Element>(Heads::head_dim); }
 
     /// Adds an empty sequence (no page yet).
     sequence_id add_sequence() { return sequences_.insert(state{}); }
@@ -753,7 +753,7 @@ private:
     /// Writes spilled host page `host` to the disk tier as token-major rows.
     void spill_to_disk(int host) {
         Memory::synchronize();  // a spill's copy into it may still be in flight on a plan's stream
-        const int dim = Heads::head_dim, kv = this->kv_heads();
+        const int dim = row_elements<Element>(Heads::head_dim), kv = this->kv_heads();
         typename detail::disk_tier<Element>::page_rows keys(layers_), values(layers_);
         for (int l = 0; l < layers_; ++l) {
             const Element* key_plane = tier_.keys(l, host);
@@ -776,7 +776,7 @@ private:
                         const typename detail::disk_tier<Element>::page_rows& values, std::uint64_t hash,
                         std::uint64_t parent, const std::int32_t* tokens) {
         const int page = allocate_page();
-        const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
+        const std::int64_t head_stride = std::int64_t(page_size_) * row_elements<Element>(Heads::head_dim);
         for (int l = 0; l < layers_; ++l) {
             detail::scatter_rows<Element, Heads, Memory>(keys_[l].data() + page * page_elements(), head_stride,
                                                          keys[l].data(), page_size_, this->kv_heads());
@@ -965,7 +965,7 @@ private:
     /// moves down, so none is overwritten before it moved), in pieces that
     /// neither cross a page nor overlap their source.
     void move_rows(const state& s, int layer, const std::vector<int>& kept) {
-        const int dim = Heads::head_dim;
+        const int dim = row_elements<Element>(Heads::head_dim);
         const std::int64_t head_stride = std::int64_t(page_size_) * dim;
         const auto at = [&](int row) {
             return s.pages[std::size_t(row / page_size_)] * page_elements() + std::int64_t(row % page_size_) * dim;
@@ -1002,11 +1002,11 @@ private:
     /// The same over a list of page ids (a swapped sequence's host pages).
     template <class F>
     void for_each_page_segment(const std::vector<int>& pages, int first, int n, F&& f) const {
-        const std::int64_t head_stride = std::int64_t(page_size_) * Heads::head_dim;
+        const std::int64_t head_stride = std::int64_t(page_size_) * row_elements<Element>(Heads::head_dim);
         for (int done = 0; done < n;) {
             const int p = first + done, row = p % page_size_;
             const int count = std::min(page_size_ - row, n - done);
-            const std::int64_t at = pages[p / page_size_] * page_elements() + std::int64_t(row) * Heads::head_dim;
+            const std::int64_t at = pages[p / page_size_] * page_elements() + std::int64_t(row) * row_elements<Element>(Heads::head_dim);
             f(at, std::size_t(done) * this->token_row(), head_stride, count);
             done += count;
         }

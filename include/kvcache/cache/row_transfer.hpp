@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvcache/core/int8.hpp"
 #include "kvcache/core/memory.hpp"
 
 namespace kvcache {
@@ -21,7 +22,7 @@ namespace detail {
 template <class Element, class Heads, class Memory>
 void scatter_rows(Element* destination, std::int64_t head_stride, const Element* source, int n, int kv) {
     if (n <= 0) return;
-    constexpr int dim = Heads::head_dim;
+    constexpr int dim = row_elements<Element>(Heads::head_dim);
     std::vector<Element> staging(std::size_t(n) * dim);
     for (int h = 0; h < kv; ++h) {
         for (int t = 0; t < n; ++t)
@@ -37,7 +38,7 @@ void scatter_rows(Element* destination, std::int64_t head_stride, const Element*
 template <class Element, class Heads, class Memory>
 void gather_rows(Element* destination, const Element* source, std::int64_t head_stride, int n, int kv) {
     if (n <= 0) return;
-    constexpr int dim = Heads::head_dim;
+    constexpr int dim = row_elements<Element>(Heads::head_dim);
     std::vector<Element> staging(std::size_t(n) * dim);
     for (int h = 0; h < kv; ++h) {
         Memory::copy_to_host(staging.data(), source + h * head_stride, staging.size() * sizeof(Element));

@@ -467,7 +467,7 @@ record_totals read_records(checked_reader& r, std::uint32_t sequences, int layer
 template <class Element>
 file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type start, std::uint64_t size,
                                       const file_header& expected) {
-    const std::size_t row = std::size_t(expected.heads.kv_heads) * expected.heads.head_dim;
+    const std::size_t row = std::size_t(expected.heads.kv_heads) * row_elements<Element>(expected.heads.head_dim);
     // First pass: header, counts and checksum, with no more memory than a
     // small buffer, so nothing is allocated for a file that is not intact.
     checked_reader first(in, size);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvcache/cache/row_transfer.hpp"
+#include "kvcache/core/int8.hpp"
 #include "kvcache/core/memory.hpp"
 
 namespace kvcache {
@@ -27,7 +28,7 @@ public:
     slot_store(int layers, int slots, int rows, int kv_heads)
         : layers_(layers), slots_(slots), rows_(rows), kv_heads_(kv_heads) {
         const std::size_t elements = checked_bytes(checked_bytes(std::size_t(slots), std::size_t(rows)),
-                                                   std::size_t(kv_heads) * Heads::head_dim);
+                                                   std::size_t(kv_heads) * row_elements<Element>(Heads::head_dim));
         keys_.reserve(layers);
         values_.reserve(layers);
         for (int l = 0; l < layers; ++l) {
@@ -39,7 +40,7 @@ public:
     int layers() const noexcept { return layers_; }
     int slots() const noexcept { return slots_; }
     int rows() const noexcept { return rows_; }
-    std::int64_t head_stride() const noexcept { return std::int64_t(rows_) * Heads::head_dim; }
+    std::int64_t head_stride() const noexcept { return std::int64_t(rows_) * row_elements<Element>(Heads::head_dim); }
     std::int64_t slot_stride() const noexcept { return kv_heads_ * head_stride(); }
     Element* keys(int layer) noexcept { return keys_[layer].data(); }
     Element* values(int layer) noexcept { return values_[layer].data(); }
@@ -53,14 +54,14 @@ public:
 
     /// Writes n rows starting at row of slot, from host [token][kv_head][head_dim].
     void write(int layer, int slot, int row, const Element* keys, const Element* values, int n) {
-        const std::int64_t at = slot * slot_stride() + std::int64_t(row) * Heads::head_dim;
+        const std::int64_t at = slot * slot_stride() + std::int64_t(row) * row_elements<Element>(Heads::head_dim);
         scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride(), keys, n, kv_heads_);
         scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride(), values, n, kv_heads_);
     }
 
     /// Reads n rows starting at row of slot into host [token][kv_head][head_dim].
     void read(int layer, int slot, int row, int n, Element* keys, Element* values) const {
-        const std::int64_t at = slot * slot_stride() + std::int64_t(row) * Heads::head_dim;
+        const std::int64_t at = slot * slot_stride() + std::int64_t(row) * row_elements<Element>(Heads::head_dim);
         gather_rows<Element, Heads, Memory>(keys, keys_[layer].data() + at, head_stride(), n, kv_heads_);
         gather_rows<Element, Heads, Memory>(values, values_[layer].data() + at, head_stride(), n, kv_heads_);
     }
@@ -69,7 +70,7 @@ public:
     /// `source` (which may be this store, or one with other shapes) into slot `to`.
     void copy_slot(const slot_store& source, int from, int to, int rows) {
         if (rows <= 0) return;
-        const std::size_t bytes = std::size_t(rows) * Heads::head_dim * sizeof(Element);
+        const std::size_t bytes = std::size_t(rows) * row_elements<Element>(Heads::head_dim) * sizeof(Element);
         for (int l = 0; l < layers_; ++l)
             for (int h = 0; h < kv_heads_; ++h) {
                 const std::int64_t src = from * source.slot_stride() + h * source.head_stride();

@@ -8,14 +8,15 @@
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
+#include "kvcache/core/int8.hpp"
 
 namespace kvcache {
 
 /// Runtime tag of a storage element type (for dispatch, files and messages).
 /// The values are the ones save files record, so they never change.
-enum class element_kind : int { fp32 = 0, fp16 = 1, bf16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4 };
+enum class element_kind : int { fp32 = 0, fp16 = 1, bf16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4, int8 = 5 };
 
-/// The name of an element kind: "fp32", "fp16", "bf16", "fp8_e4m3" or "fp8_e5m2"
+/// The name of an element kind: "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2" or "int8"
 /// ("unknown" for a value outside the enum).
 inline const char* to_string(element_kind kind) noexcept {
     switch (kind) {
@@ -24,17 +25,18 @@ inline const char* to_string(element_kind kind) noexcept {
     case element_kind::bf16: return "bf16";
     case element_kind::fp8_e4m3: return "fp8_e4m3";
     case element_kind::fp8_e5m2: return "fp8_e5m2";
+    case element_kind::int8: return "int8";
     }
     return "unknown";
 }
 
 /// True for a value of element_kind that names a type (a file may hold any integer).
 inline constexpr bool is_element_kind(int value) noexcept {
-    return value >= int(element_kind::fp32) && value <= int(element_kind::fp8_e5m2);
+    return value >= int(element_kind::fp32) && value <= int(element_kind::int8);
 }
 
 /// Properties of a storage element type.
-/// @tparam Element float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3 or kvcache::float8_e5m2
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2 or kvcache::qint8
 template <class Element>
 struct element_traits;
 
@@ -70,6 +72,21 @@ struct element_traits<detail::fp8<Encoding>> {
     static constexpr const char* name = Encoding::has_infinity ? "fp8_e5m2" : "fp8_e4m3";
     KVCACHE_HOST_DEVICE static float to_float(detail::fp8<Encoding> value) noexcept { return static_cast<float>(value); }
     KVCACHE_HOST_DEVICE static detail::fp8<Encoding> from_float(float value) noexcept { return detail::fp8<Encoding>(value); }
+};
+
+/// int8 with a per-row scale: to_float gives the value's own integer (unscaled,
+/// like fp8); from_float rounds to nearest even and clamps to [-127, 127]
+/// (quantise_row chooses the scale that makes a row fit).
+template <>
+struct element_traits<qint8> {
+    static constexpr element_kind kind = element_kind::int8;
+    static constexpr const char* name = "int8";
+    KVCACHE_HOST_DEVICE static float to_float(qint8 value) noexcept { return static_cast<float>(value.bits); }
+    KVCACHE_HOST_DEVICE static qint8 from_float(float value) noexcept {
+        float q = ::rintf(value);
+        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+        return qint8{static_cast<std::int8_t>(q == q ? q : 0.0f)};
+    }
 };
 
 /// True for the types queries, outputs and new K/V rows come in (float, half,
@@ -148,7 +165,9 @@ KVCACHE_HOST_DEVICE inline float to_float_scaled(Element value, float scale) noe
 
 /// Bytes of one element of the given kind.
 inline constexpr int element_size(element_kind kind) noexcept {
-    return kind == element_kind::fp32 ? 4 : (kind == element_kind::fp8_e4m3 || kind == element_kind::fp8_e5m2) ? 1 : 2;
+    return kind == element_kind::fp32 ? 4
+           : (kind == element_kind::fp8_e4m3 || kind == element_kind::fp8_e5m2 || kind == element_kind::int8) ? 1
+                                                                                                                : 2;
 }
 
 /// True for the kinds stored with a scale (fp8).

@@ -47,9 +47,9 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
     KVCACHE_HOST_DEVICE static constexpr contiguous_view packed(Element* keys, Element* values, const int* lengths,
                                                                 const int* slots, int sequences, int capacity,
                                                                 Heads heads = Heads{}) noexcept {
-        const std::int64_t head_stride = std::int64_t(capacity) * Heads::head_dim;
+        const std::int64_t head_stride = std::int64_t(capacity) * row_elements<Element>(Heads::head_dim);
         return strided(keys, values, lengths, sequences, capacity, std::int64_t(heads.kv_heads()) * head_stride,
-                       head_stride, Heads::head_dim, slots, heads);
+                       head_stride, row_elements<Element>(Heads::head_dim), slots, heads);
     }
 
     /// A view over memory the caller owns and lays out (another engine's

@@ -99,7 +99,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         v.sequences = sequences;
         v.page_size = page_size;
         v.page_shift = detail::power_of_two_shift(page_size);
-        v.page_stride = std::int64_t(heads.kv_heads()) * page_size * Heads::head_dim;
+        v.page_stride = std::int64_t(heads.kv_heads()) * page_size * row_elements<Element>(Heads::head_dim);
         static_cast<Heads&>(v) = heads;
         return v;
     }
@@ -147,14 +147,14 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     /// Element offset of storage row `row` of (seq, kv_head).
     KVCACHE_HOST_DEVICE std::int64_t row_offset(int seq, int kv_head, int row) const noexcept {
         if constexpr (Order == page_order::head_major)
-            return page_at(seq, row) * page_stride + (std::int64_t(kv_head) * page_size + row_of(row)) * Heads::head_dim;
+            return page_at(seq, row) * page_stride + (std::int64_t(kv_head) * page_size + row_of(row)) * row_elements<Element>(Heads::head_dim);
         else
-            return page_at(seq, row) * page_stride + (std::int64_t(row_of(row)) * this->kv_heads() + kv_head) * Heads::head_dim;
+            return page_at(seq, row) * page_stride + (std::int64_t(row_of(row)) * this->kv_heads() + kv_head) * row_elements<Element>(Heads::head_dim);
     }
     /// Elements from one row of a page to the next.
     KVCACHE_HOST_DEVICE constexpr int row_stride() const noexcept {
-        if constexpr (Order == page_order::head_major) return Heads::head_dim;
-        else return this->kv_heads() * Heads::head_dim;
+        if constexpr (Order == page_order::head_major) return row_elements<Element>(Heads::head_dim);
+        else return this->kv_heads() * row_elements<Element>(Heads::head_dim);
     }
 
     /// From visible_begin to the end of its page (or of the sequence); in a

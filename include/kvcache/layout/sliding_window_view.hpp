@@ -61,7 +61,7 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
         v.sinks = sinks;
         v.ring = ring;
         v.window = window;
-        v.head_stride = std::int64_t(sinks + ring) * Heads::head_dim;
+        v.head_stride = std::int64_t(sinks + ring) * row_elements<Element>(Heads::head_dim);
         v.slot_stride = std::int64_t(heads.kv_heads()) * v.head_stride;
         static_cast<Heads&>(v) = heads;
         return v;
@@ -93,7 +93,7 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
     }
     /// Element offset of row (seq, kv_head, position) from keys (and from values).
     KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
-        return detail::slot_of(slots, seq) * slot_stride + kv_head * head_stride + std::int64_t(row_of(position)) * Heads::head_dim;
+        return detail::slot_of(slots, seq) * slot_stride + kv_head * head_stride + std::int64_t(row_of(position)) * row_elements<Element>(Heads::head_dim);
     }
 
     /// Positions stay consecutive and rows adjacent up to the ring's wrap
@@ -101,7 +101,7 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
     /// position, so the sinks and the ring form one run.
     KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
         const int n = lengths[seq];
-        if (visible_begin >= visible_count(seq)) return this->no_rows(visible_begin, n, Heads::head_dim);
+        if (visible_begin >= visible_count(seq)) return this->no_rows(visible_begin, n, row_elements<Element>(Heads::head_dim));
         const int p = visible_position(seq, visible_begin);
         int count;
         if (n <= sinks + ring) {
@@ -112,7 +112,7 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
             const int to_wrap = ring - (p - sinks) % ring;
             count = n - p < to_wrap ? n - p : to_wrap;
         }
-        return this->rows_from(seq, kv_head, visible_begin, p, count, Heads::head_dim);
+        return this->rows_from(seq, kv_head, visible_begin, p, count, row_elements<Element>(Heads::head_dim));
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return {window, sinks}; }

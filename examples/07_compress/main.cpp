@@ -69,25 +69,6 @@ std::vector<std::string> split(const std::string& list) {
     }
 }
 
-// log softmax in double.
-std::vector<double> log_probabilities(const float* logits, int vocab) {
-    double best = logits[0];
-    for (int i = 1; i < vocab; ++i) best = std::max(best, double(logits[i]));
-    double sum = 0.0;
-    for (int i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - best);
-    const double log_sum = best + std::log(sum);
-    std::vector<double> out(static_cast<std::size_t>(vocab));
-    for (int i = 0; i < vocab; ++i) out[static_cast<std::size_t>(i)] = double(logits[i]) - log_sum;
-    return out;
-}
-
-// KL(full || compressed) of one next-token distribution.
-double kl_divergence(const std::vector<double>& full, const std::vector<double>& compressed) {
-    double kl = 0.0;
-    for (std::size_t i = 0; i < full.size(); ++i) kl += std::exp(full[i]) * (full[i] - compressed[i]);
-    return std::max(kl, 0.0);
-}
-
 // One policy at one budget (the full cache is the policy none).
 struct tally {
     double nats = 0.0;
@@ -206,13 +187,13 @@ int run(int argc, char** argv) {
             const ex::cache_footprint f = ex::teacher_force_with_kvcache<compress_configurations>(
                 model, tokens, context, cache,
                 [&](int position, const float* logits, int vocab) {
-                    std::vector<double> lp = log_probabilities(logits, vocab);
+                    std::vector<double> lp = ex::log_probabilities(logits, vocab);
                     t.nats -= lp[std::size_t(tokens[std::size_t(position) + 1])];
                     ++t.scored;
                     if (is_reference) {
                         reference.push_back(std::move(lp));
                     } else {
-                        const double kl = kl_divergence(reference.at(step++), lp);
+                        const double kl = ex::kl_divergence(reference.at(step++), lp);
                         t.kl_max = std::max(t.kl_max, kl);
                         t.kl_sum += kl;
                         ++t.kl_count;

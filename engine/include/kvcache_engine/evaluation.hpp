@@ -85,6 +85,26 @@ inline double negative_log_likelihood(const float* logits, int vocab, int target
     return best + std::log(sum) - double(logits[target]);
 }
 
+/// log softmax(logits), in double: one next-token distribution as log-probabilities.
+inline std::vector<double> log_probabilities(const float* logits, int vocab) {
+    double best = logits[0];
+    for (int i = 1; i < vocab; ++i) best = std::max(best, double(logits[i]));
+    double sum = 0.0;
+    for (int i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - best);
+    const double log_sum = best + std::log(sum);
+    std::vector<double> out(static_cast<std::size_t>(vocab));
+    for (int i = 0; i < vocab; ++i) out[static_cast<std::size_t>(i)] = double(logits[i]) - log_sum;
+    return out;
+}
+
+/// KL(reference || other) of two next-token distributions given as log-probabilities
+/// (log_probabilities), in nats; rounding below zero is clamped to 0.
+inline double kl_divergence(const std::vector<double>& reference, const std::vector<double>& other) {
+    double kl = 0.0;
+    for (std::size_t i = 0; i < reference.size(); ++i) kl += std::exp(reference[i]) * (reference[i] - other[i]);
+    return std::max(kl, 0.0);
+}
+
 /// Summed negative log-likelihood of sequences, each scored from its second token on.
 struct perplexity_result {
     double nats = 0.0;                  ///< over all sequences

@@ -170,6 +170,12 @@ inline constexpr int element_size(element_kind kind) noexcept {
                                                                                                                 : 2;
 }
 
+/// Bytes one stored K or V row of head_dim values takes for the given kind:
+/// head_dim elements, plus an int8 row's own float scale (core/int8.hpp).
+inline constexpr int stored_row_bytes(element_kind kind, int head_dim) noexcept {
+    return element_size(kind) * head_dim + (kind == element_kind::int8 ? qint8_scale_bytes : 0);
+}
+
 /// True for the kinds stored with a scale (fp8).
 inline constexpr bool is_scaled_kind(element_kind kind) noexcept {
     return kind == element_kind::fp8_e4m3 || kind == element_kind::fp8_e5m2;

@@ -805,12 +805,21 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
             refusals += run.failures_seen;
             dry += run.pool_dry;
 
-            // Everything released: no page is referenced, and the whole pool
-            // (cached prefix pages evicted on demand) serves one new sequence.
+            // Everything released: no page is referenced; once the prefix
+            // cache is cleared every page is free (evictable pages are not
+            // counted as free), and the whole pool serves one new sequence.
             run.remove_all();
             cache_type& c = run.cache();
             CHECK(c.statistics().pages_used == 0);
             for (int p = 0; p < c.page_count(); ++p) CHECK(c.page_references(p) == 0);
+            const int evictable = c.statistics().pages_evictable;
+            const kvcache::cleared_prefix_pages cleared = c.clear_prefix_cache();
+            CHECK(cleared.pool == evictable);
+            CHECK(c.statistics().pages_free == c.page_count());
+            CHECK(c.statistics().pages_evictable == 0);
+            CHECK(c.statistics().pages_cached == 0);
+            CHECK(c.statistics().host_pages_used == 0);
+            CHECK(c.statistics().host_pages_cached == 0);
             const int tokens = c.page_count() * c.page_size();
             const std::vector<float> rows(std::size_t(tokens) * row, 1.0f);
             const kvcache::sequence_id id = c.add_sequence();

@@ -236,6 +236,24 @@ public:
         publish_pages(s, s.length);
     }
 
+    /// Drops what the prefix cache keeps for reuse only: every pool page no
+    /// sequence holds (the evictable ones) goes back to the free list, the
+    /// host tier frees the spilled prefix pages nobody holds, and the disk
+    /// tier deletes its page files, so no tier can serve them to a later
+    /// match_prefix. Pages sequences hold (their own, forked or matched ones,
+    /// swapped ones in the host tier) keep their rows and stay indexed: they
+    /// are live memory, which clearing would not release. Afterwards
+    /// statistics().pages_free is the pool less the pages sequences hold.
+    /// Returns what each tier dropped. Cannot fail (a page file whose name
+    /// cannot be built for want of memory stays on disk, forgotten).
+    cleared_prefix_pages clear_prefix_cache() noexcept {
+        cleared_prefix_pages cleared;
+        cleared.pool = pool_.clear_cache([this](int page) noexcept { tier_.unlink_primary(page); });
+        cleared.host = tier_.clear_cache();
+        cleared.disk = disk_.clear_pages();
+        return cleared;
+    }
+
     using base::write;  // also from rows of the other element type, converted
 
     /// owner_base::set_scales, refused also while the prefix cache keeps rows

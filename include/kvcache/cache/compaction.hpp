@@ -122,6 +122,27 @@ public:
         normalize();
     }
 
+    /// The positions one layer stores of a sequence of `length`, ascending
+    /// (visible index i holds the i-th).
+    std::vector<int> positions(int l, int length) const {
+        const layer_rows& r = this->layer(l);
+        std::vector<int> out(std::size_t(length - r.dropped));
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = r.position_at(static_cast<int>(i));
+        return out;
+    }
+    /// The positions every one of `layers` layers stores, which must agree
+    /// (what a saved record holds): invalid_argument, naming the sequence
+    /// and the counts, when they differ.
+    std::vector<int> common_positions(sequence_id id, int length, int layers) const {
+        std::vector<int> first = positions(0, length);
+        for (int l = 1; l < layers && !empty(); ++l)
+            require(positions(l, length) == first, error_code::invalid_argument, "sequence ", id,
+                    " keeps different positions in different layers (layer 0 keeps ", first.size(), ", layer ", l,
+                    " keeps ", length - this->layer(l).dropped, " of ", length,
+                    "): a saved record holds one set of positions for every layer");
+        return first;
+    }
+
     /// Storage row of position first of one layer, after checking that all
     /// of positions [first, first + n) (n > 0, inside the length) are stored
     /// there; their rows are then consecutive. out_of_range names the first

@@ -377,10 +377,7 @@ public:
     std::vector<int> present_positions(sequence_id id, int layer) const {
         this->check_layer(layer);
         const state& s = sequences_.at(id);
-        const layer_rows& r = rows_of_layer(s, layer);
-        std::vector<int> out(std::size_t(s.length - r.dropped));
-        for (std::size_t i = 0; i < out.size(); ++i) out[i] = r.position_at(static_cast<int>(i));
-        return out;
+        return s.compaction.positions(layer, s.length);
     }
     /// True while some layer of the sequence holds fewer rows than its length.
     bool compacted(sequence_id id) const { return !sequences_.at(id).compaction.empty(); }
@@ -517,14 +514,7 @@ public:
     /// records): invalid_argument when layers keep different positions.
     std::vector<int> present_positions(sequence_id id) const {
         const state& s = sequences_.at(id);
-        if (s.compaction.empty()) return base::all_positions(s.length);
-        std::vector<int> first = present_positions(id, 0);
-        for (int l = 1; l < layers_; ++l)
-            require(present_positions(id, l) == first, error_code::invalid_argument, "sequence ", id,
-                    " keeps different positions in different layers (layer 0 keeps ", first.size(), ", layer ", l,
-                    " keeps ", visible_count(id, l), " of ", s.length,
-                    "): a saved record holds one set of positions for every layer");
-        return first;
+        return s.compaction.common_positions(id, s.length, layers_);
     }
 
     /// The view of one layer over a batch, with the CSR page table in the

@@ -217,3 +217,126 @@ TEST_CASE("contiguous: fork, truncate, growth and save/load of compacted sequenc
     append_rows(cache, a, 3);
     check_layers(cache, a, {range(0, 4), range(0, 4)});
 }
+
+#include "kvcache/cache/sliding_window_cache.hpp"
+
+namespace {
+
+/// The runs of a view entry tile its visible rows exactly: each run's
+/// positions are the visible positions in order, and its rows are theirs.
+template <class View>
+void check_runs(const View& view, int seq, int layer) {
+    int v = 0;
+    const int n = view.visible_count(seq);
+    while (v < n) {
+        const auto r = view.run(seq, 0, v);
+        REQUIRE(r.count >= 1);
+        REQUIRE(r.first_visible == v);
+        for (int c = 0; c < r.count; ++c) {
+            INFO("visible " << v + c);
+            REQUIRE(v + c < n);
+            const int p = view.visible_position(seq, v + c);
+            CHECK(p == r.first_position + c);
+            CHECK(std::vector<float>(r.keys + c * r.stride, r.keys + c * r.stride + row) == rows_at(p, layer, false));
+        }
+        v += r.count;
+    }
+    CHECK(v == n);
+}
+
+}  // namespace
+
+TEST_CASE("sliding window: compaction hides the rows not kept where they are, and the ring moves on") {
+    // 2 sinks, window 6, max_chunk 2: ring of 7 rows.
+    kvcache::sliding_window_cache<float, heads> cache(layers, 2, 6, 2, 2);
+    const auto a = cache.add_sequence(), b = cache.add_sequence();
+    for (int i = 0; i < 6; ++i) append_rows(cache, a, 2);  // length 12: sinks 0, 1 and ring 5..11
+    append_rows(cache, b, 2);
+    check_layers(cache, a, {joined({0, 1}, range(5, 12)), joined({0, 1}, range(5, 12))});
+
+    // Visible indices over what the layer holds now: 0 -> p0, 1 -> p1, 2 -> p5, ...
+    cache.compact(a, {{0, 2, 3, 6, 8}, {1, 2, 3, 4, 5, 6, 7, 8}});
+    CHECK(cache.compacted(a));
+    CHECK(cache.length(a) == 12);
+    check_layers(cache, a, {{0, 5, 6, 9, 11}, {1, 5, 6, 7, 8, 9, 10, 11}});
+    CHECK(cache.bytes_used() == std::size_t(5 + 8 + 2 * 2) * 2 * row * sizeof(float));
+    std::vector<float> k(row), v(row);
+    CHECK_THROWS_WITH_AS(cache.read(a, 0, 7, 1, k, v), doctest::Contains("position 7 is not stored"), kvcache::error);
+    CHECK_THROWS_WITH_AS(cache.write(a, 1, 0, k, v, 1), doctest::Contains("position 0 is not stored"), kvcache::error);
+
+    for (int l = 0; l < layers; ++l) {
+        const auto view = cache.view(l, {b, a});
+        const auto want = cache.present_positions(a, l);
+        REQUIRE(view.visible_count(1) == int(want.size()));
+        for (int i = 0; i < view.visible_count(1); ++i) CHECK(view.visible_position(1, i) == want[std::size_t(i)]);
+        check_runs(view, 1, l);
+        check_runs(view, 0, l);
+    }
+
+    // Appends: position 12 and 13 overwrite the rows of 5 and 6 (kept in
+    // layer 0), which leave the ring as they would have anyway.
+    append_rows(cache, a, 2);
+    check_layers(cache, a, {{0, 9, 11, 12, 13}, {1, 7, 8, 9, 10, 11, 12, 13}});
+    // A second compaction counts the rows held now.
+    cache.compact(a, 0, {0, 2, 4});
+    check_layers(cache, a, {{0, 11, 13}, {1, 7, 8, 9, 10, 11, 12, 13}});
+    // Once the ring has passed every hole of the ring, only the sink holes stay.
+    for (int i = 0; i < 4; ++i) append_rows(cache, a, 2);  // length 22: ring 15..21
+    check_layers(cache, a, {joined({0}, range(15, 22)), joined({1}, range(15, 22))});
+    for (int l = 0; l < layers; ++l) check_runs(cache.view(l, {a}), 0, l);
+}
+
+TEST_CASE("sliding window: refused compactions change nothing; fork and save/load keep the holes") {
+    kvcache::sliding_window_cache<float, heads> cache(layers, 3, 4, 1, 1);  // ring of 4
+    const auto a = cache.add_sequence();
+    for (int i = 0; i < 8; ++i) append_rows(cache, a, 1);  // sink 0, ring 4..7
+    const std::string before = [&] {
+        std::ostringstream out;
+        cache.save(out);
+        return out.str();
+    }();
+    const auto unchanged = [&] {
+        std::ostringstream out;
+        cache.save(out);
+        CHECK(out.str() == before);
+        CHECK_FALSE(cache.compacted(a));
+    };
+    const auto refused = [&](kvcache::error_code code, const std::string& words, auto&& call) {
+        try {
+            call();
+            FAIL("not refused");
+        } catch (const kvcache::error& e) {
+            CHECK(e.code() == code);
+            CHECK_MESSAGE(std::string(e.what()).find(words) != std::string::npos, e.what());
+        }
+        unchanged();
+    };
+    refused(kvcache::error_code::not_found, "999", [&] { cache.compact(999, 0, {0}); });
+    refused(kvcache::error_code::out_of_range, "layer -1", [&] { cache.compact(a, -1, {0}); });
+    refused(kvcache::error_code::out_of_range, "kept[1] = 5 is outside its visible rows [0, 5)",
+            [&] { cache.compact(a, 0, {0, 5}); });
+    refused(kvcache::error_code::invalid_argument, "kept[1] = 2 does not ascend", [&] { cache.compact(a, 0, {2, 2}); });
+    refused(kvcache::error_code::invalid_argument, "3 lists", [&] { cache.compact(a, {{0}, {0}, {0}}); });
+    refused(kvcache::error_code::invalid_argument, "layer 1", [&] { cache.compact(a, {{0, 1}, {1, 0}}); });
+
+    // Keeping every row is no compaction.
+    cache.compact(a, 0, {0, 1, 2, 3, 4});
+    unchanged();
+
+    cache.compact(a, {{0, 2, 4}, {0, 2, 4}});  // positions 0, 5, 7
+    const auto f = cache.fork(a);
+    check_layers(cache, f, {{0, 5, 7}, {0, 5, 7}});
+    std::stringstream file;
+    cache.save(file, {a});
+    kvcache::sliding_window_cache<float, heads> other(layers, 1, 4, 1, 1);
+    const auto loaded = other.load(file);
+    REQUIRE(loaded.size() == 1);
+    CHECK(other.compacted(loaded[0]));
+    check_layers(other, loaded[0], {{0, 5, 7}, {0, 5, 7}});
+    append_rows(other, loaded[0], 1);  // position 8 overwrites 4, a hole
+    check_layers(other, loaded[0], {{0, 5, 7, 8}, {0, 5, 7, 8}});
+    // Layers that differ cannot be saved as one record.
+    cache.compact(a, 1, {0});
+    std::ostringstream out;
+    CHECK_THROWS_WITH_AS(cache.save(out), doctest::Contains("different positions"), kvcache::error);
+}

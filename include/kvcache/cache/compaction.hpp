@@ -18,6 +18,20 @@
 namespace kvcache {
 namespace detail {
 
+/// The checks of one layer's kept list, the same for every owner: each
+/// visible index inside [0, visible) (out_of_range), ascending without
+/// repeats (invalid_argument); the message names the sequence, the layer,
+/// the index and the limit.
+inline void check_kept_list(sequence_id id, int layer, const std::vector<int>& kept, int visible) {
+    for (std::size_t j = 0; j < kept.size(); ++j) {
+        require(kept[j] >= 0 && kept[j] < visible, error_code::out_of_range, "compact of sequence ", id, ", layer ",
+                layer, ": kept[", j, "] = ", kept[j], " is outside its visible rows [0, ", visible, ")");
+        require(j == 0 || kept[j] > kept[j - 1], error_code::invalid_argument, "compact of sequence ", id, ", layer ",
+                layer, ": kept[", j, "] = ", kept[j], " does not ascend past kept[", j - 1, "] = ", kept[j - 1],
+                " (indices must be ascending, without repeats)");
+    }
+}
+
 /// Which positions one layer of a compacted sequence stores: rows
 /// [0, kept.size()) hold the positions in kept, and each later row r
 /// (appended since) holds position r + dropped.
@@ -171,15 +185,9 @@ public:
             const layer_rows& before = this->layer(l);
             const int visible = length - before.dropped;
             layer_rows& r = after[std::size_t(l)];
+            check_kept_list(id, l, kept, visible);
             r.kept.clear();
-            for (std::size_t j = 0; j < kept.size(); ++j) {
-                require(kept[j] >= 0 && kept[j] < visible, error_code::out_of_range, "compact of sequence ", id,
-                        ", layer ", l, ": kept[", j, "] = ", kept[j], " is outside its visible rows [0, ", visible, ")");
-                require(j == 0 || kept[j] > kept[j - 1], error_code::invalid_argument, "compact of sequence ", id,
-                        ", layer ", l, ": kept[", j, "] = ", kept[j], " does not ascend past kept[", j - 1, "] = ",
-                        kept[j - 1], " (indices must be ascending, without repeats)");
-                r.kept.push_back(before.position_at(kept[j]));
-            }
+            for (int i : kept) r.kept.push_back(before.position_at(i));
             r.dropped = length - static_cast<int>(kept.size());
         }
         return after;

@@ -16,6 +16,7 @@
 #include "kvcache/backend/reference.hpp"
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
+#include "kvcache/cache/sliding_window_cache.hpp"
 #include "kvcache/testing.hpp"
 
 namespace {
@@ -229,6 +230,56 @@ void run_backend(const Backend& backend) {
     check_rows(cache, b, mb);
 }
 
+/// Drops from the model what a window of `sinks` sinks and a ring of `ring`
+/// rows no longer holds: positions p >= sinks with p < length - ring.
+void evict(sequence_model& m, int sinks, int ring) {
+    for (layer_model& l : m.layer) {
+        std::vector<int> keep;
+        for (std::size_t i = 0; i < l.positions.size(); ++i)
+            if (l.positions[i] < sinks || l.positions[i] >= m.length - ring) keep.push_back(int(i));
+        l.keep(keep);
+    }
+}
+
+/// The sliding-window owner: compaction leaves holes, the ring moves on, and
+/// attention (the layout's own window and sinks) equals the reference over
+/// the rows the model says are kept and held.
+template <class Element, class Backend>
+void run_sliding(const Backend& backend) {
+    constexpr int window = 6, sinks = 2, chunk = 5, ring = window + chunk - 1;
+    kvcache::sliding_window_cache<Element, heads> cache(layers, 2, window, sinks, chunk);
+    const auto a = cache.add_sequence(), b = cache.add_sequence();
+    sequence_model ma, mb;
+    for (int done = 0; done < 23; done += chunk) fill(cache, a, ma, std::min(chunk, 23 - done), 1 + done);
+    fill(cache, b, mb, 4, 2);
+    evict(ma, sinks, ring);  // a holds 0, 1 and 13..22
+    check_rows(cache, a, ma);
+    const std::vector<std::vector<int>> kept = {{0, 2, 3, 5, 7, 8, 11}, {1, 2, 4, 6, 9, 10, 11}};
+    cache.compact(a, kept);
+    for (int l = 0; l < layers; ++l) ma.layer[std::size_t(l)].keep(kept[std::size_t(l)]);
+    check_rows(cache, a, ma);
+
+    kvcache::attention_options own;
+    own.window = window;
+    own.sinks = sinks;
+    step_and_check(cache, backend, {a, b}, {&ma, &mb}, {1, 1}, true, own, 10);
+    step_and_check(cache, backend, {a, b}, {&ma, &mb}, {5, 3}, false, own, 20);
+    evict(ma, sinks, ring);
+    evict(mb, sinks, ring);
+    check_rows(cache, a, ma);
+    const int rows0 = cache.visible_count(a, 0);
+    const std::vector<int> again = {1, 2, rows0 - 4, rows0 - 2, rows0 - 1};
+    cache.compact(a, 0, again);
+    ma.layer[0].keep(again);
+    check_rows(cache, a, ma);
+    step_and_check(cache, backend, {b, a}, {&mb, &ma}, {1, 1}, true, own, 30);
+    step_and_check(cache, backend, {a, b}, {&ma, &mb}, {4, 2}, false, own, 40);
+    evict(ma, sinks, ring);
+    evict(mb, sinks, ring);
+    check_rows(cache, a, ma);
+    check_rows(cache, b, mb);
+}
+
 }  // namespace
 
 // fp8 too where it runs (the emulated and CUDA launches refuse fp8 storage):
@@ -262,4 +313,11 @@ TEST_CASE("contiguous fp8: attention after compaction equals the reference over 
     using cache = kvcache::dynamic_cache<kvcache::float8_e4m3, heads>;
     run_backend<kvcache::float8_e4m3, kvcache::reference_backend, cache>(kvcache::reference_backend{});
     run_backend<kvcache::float8_e4m3, kvcache::cpu_backend, cache>(kvcache::cpu_backend{});
+}
+
+TEST_CASE_TEMPLATE("sliding window: attention after compaction equals the reference over the kept rows", Element, float,
+                   kvcache::half, kvcache::bfloat16) {
+    run_sliding<Element>(kvcache::reference_backend{});
+    run_sliding<Element>(kvcache::cpu_backend{});
+    run_sliding<Element>(kvcache::emulated_backend{});
 }

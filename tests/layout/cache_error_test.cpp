@@ -249,7 +249,7 @@ TEST_CASE_TEMPLATE("files: round trip through a file for every layout", Element,
     append_all_layers(dynamic, d, 9, 4);
     dynamic.save_file(path);
     kvcache::static_cache<Element, heads> fixed(2, 1, 8);
-    check_fails(__LINE__, fixed, kvcache::error_code::capacity_exceeded, {"saved length 9", "capacity 8"},
+    check_fails(__LINE__, fixed, kvcache::error_code::capacity_exceeded, {"9 stored positions", "capacity 8"},
                 [&] { fixed.load_file(path); });
     kvcache::static_cache<Element, heads> roomy(2, 1, 9);
     CHECK(roomy.load_file(path).size() == 1);

@@ -1,4 +1,4 @@
-// Attention after compaction of a paged cache: every backend (reference, CPU,
+// Attention after compaction of a paged or a contiguous cache: every backend (reference, CPU,
 // emulated kernels) over a compacted sequence equals the reference's
 // attention over the kept rows alone at their true positions, for decode and
 // prefill chunks appended after the compaction, with causal masks, windows
@@ -14,7 +14,9 @@
 
 #include "kvcache/backend/cpu.hpp"
 #include "kvcache/backend/reference.hpp"
+#include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
+#include "kvcache/cache/sliding_window_cache.hpp"
 #include "kvcache/testing.hpp"
 
 namespace {
@@ -94,10 +96,11 @@ constexpr double tolerance = 5e-5;
 /// backend's append (every layer), then attends (decode when every chunk is 1
 /// and decode is asked for, else prefill) and compares each layer with the
 /// reference over the model's rows.
-template <class Element, class Backend>
-void step_and_check(kvcache::paged_cache<Element, heads>& cache, const Backend& backend,
+template <class Cache, class Backend>
+void step_and_check(Cache& cache, const Backend& backend,
                     const std::vector<kvcache::sequence_id>& batch, std::vector<sequence_model*> models,
                     const std::vector<int>& chunk, bool decode, kvcache::attention_options options, int salt) {
+    using Element = typename Cache::element_type;
     auto plan = cache.plan(batch, chunk);
     const auto offsets = plan.host_offsets();
     const int tokens = plan.total_new_tokens();
@@ -149,8 +152,9 @@ void step_and_check(kvcache::paged_cache<Element, heads>& cache, const Backend& 
 }
 
 /// Fills a sequence of n tokens through write() (every layer) and the model.
-template <class Element>
-void fill(kvcache::paged_cache<Element, heads>& cache, kvcache::sequence_id id, sequence_model& model, int n, int salt) {
+template <class Cache>
+void fill(Cache& cache, kvcache::sequence_id id, sequence_model& model, int n, int salt) {
+    using Element = typename Cache::element_type;
     const int first = cache.begin_append(id, n);
     for (int l = 0; l < layers; ++l) {
         std::vector<float> k, v;
@@ -161,8 +165,9 @@ void fill(kvcache::paged_cache<Element, heads>& cache, kvcache::sequence_id id, 
 }
 
 /// The cache's stored positions and rows of every layer equal the model's.
-template <class Element>
-void check_rows(const kvcache::paged_cache<Element, heads>& cache, kvcache::sequence_id id, const sequence_model& model) {
+template <class Cache>
+void check_rows(const Cache& cache, kvcache::sequence_id id, const sequence_model& model) {
+    using Element = typename Cache::element_type;
     REQUIRE(cache.length(id) == model.length);
     for (int l = 0; l < layers; ++l) {
         const layer_model& m = model.layer[std::size_t(l)];
@@ -180,9 +185,17 @@ void check_rows(const kvcache::paged_cache<Element, heads>& cache, kvcache::sequ
     }
 }
 
-template <class Element, class Backend>
+/// A paged cache of 48 pages, or a contiguous one of 2 slots of 40 rows: a
+/// has 23 + 11 positions, of which it stores at most 23 after the compaction.
+template <class Cache>
+Cache make_cache() {
+    if constexpr (Cache::kind == kvcache::layout_kind::paged) return Cache(layers, 48, page);
+    else return Cache(layers, 2, 40);
+}
+
+template <class Element, class Backend, class Cache = kvcache::paged_cache<Element, heads>>
 void run_backend(const Backend& backend) {
-    kvcache::paged_cache<Element, heads> cache(layers, 48, page);
+    Cache cache = make_cache<Cache>();
     const auto a = cache.add_sequence(), b = cache.add_sequence();
     sequence_model ma, mb;
     fill(cache, a, ma, 23, 1);
@@ -217,6 +230,56 @@ void run_backend(const Backend& backend) {
     check_rows(cache, b, mb);
 }
 
+/// Drops from the model what a window of `sinks` sinks and a ring of `ring`
+/// rows no longer holds: positions p >= sinks with p < length - ring.
+void evict(sequence_model& m, int sinks, int ring) {
+    for (layer_model& l : m.layer) {
+        std::vector<int> keep;
+        for (std::size_t i = 0; i < l.positions.size(); ++i)
+            if (l.positions[i] < sinks || l.positions[i] >= m.length - ring) keep.push_back(int(i));
+        l.keep(keep);
+    }
+}
+
+/// The sliding-window owner: compaction leaves holes, the ring moves on, and
+/// attention (the layout's own window and sinks) equals the reference over
+/// the rows the model says are kept and held.
+template <class Element, class Backend>
+void run_sliding(const Backend& backend) {
+    constexpr int window = 6, sinks = 2, chunk = 5, ring = window + chunk - 1;
+    kvcache::sliding_window_cache<Element, heads> cache(layers, 2, window, sinks, chunk);
+    const auto a = cache.add_sequence(), b = cache.add_sequence();
+    sequence_model ma, mb;
+    for (int done = 0; done < 23; done += chunk) fill(cache, a, ma, std::min(chunk, 23 - done), 1 + done);
+    fill(cache, b, mb, 4, 2);
+    evict(ma, sinks, ring);  // a holds 0, 1 and 13..22
+    check_rows(cache, a, ma);
+    const std::vector<std::vector<int>> kept = {{0, 2, 3, 5, 7, 8, 11}, {1, 2, 4, 6, 9, 10, 11}};
+    cache.compact(a, kept);
+    for (int l = 0; l < layers; ++l) ma.layer[std::size_t(l)].keep(kept[std::size_t(l)]);
+    check_rows(cache, a, ma);
+
+    kvcache::attention_options own;
+    own.window = window;
+    own.sinks = sinks;
+    step_and_check(cache, backend, {a, b}, {&ma, &mb}, {1, 1}, true, own, 10);
+    step_and_check(cache, backend, {a, b}, {&ma, &mb}, {5, 3}, false, own, 20);
+    evict(ma, sinks, ring);
+    evict(mb, sinks, ring);
+    check_rows(cache, a, ma);
+    const int rows0 = cache.visible_count(a, 0);
+    const std::vector<int> again = {1, 2, rows0 - 4, rows0 - 2, rows0 - 1};
+    cache.compact(a, 0, again);
+    ma.layer[0].keep(again);
+    check_rows(cache, a, ma);
+    step_and_check(cache, backend, {b, a}, {&mb, &ma}, {1, 1}, true, own, 30);
+    step_and_check(cache, backend, {a, b}, {&ma, &mb}, {4, 2}, false, own, 40);
+    evict(ma, sinks, ring);
+    evict(mb, sinks, ring);
+    check_rows(cache, a, ma);
+    check_rows(cache, b, mb);
+}
+
 }  // namespace
 
 // fp8 too where it runs (the emulated and CUDA launches refuse fp8 storage):
@@ -234,4 +297,27 @@ TEST_CASE_TEMPLATE("attention after compaction equals the reference over the kep
 TEST_CASE_TEMPLATE("attention after compaction equals the reference over the kept rows: emulated kernels", Element,
                    float, kvcache::half, kvcache::bfloat16) {
     run_backend<Element>(kvcache::emulated_backend{});
+}
+
+// The contiguous owner compacts with the same call: rows move to the front of
+// the slot, and the view presents them at their true positions.
+TEST_CASE_TEMPLATE("contiguous: attention after compaction equals the reference over the kept rows", Element, float,
+                   kvcache::half, kvcache::bfloat16) {
+    using cache = kvcache::static_cache<Element, heads>;
+    run_backend<Element, kvcache::reference_backend, cache>(kvcache::reference_backend{});
+    run_backend<Element, kvcache::cpu_backend, cache>(kvcache::cpu_backend{});
+    run_backend<Element, kvcache::emulated_backend, cache>(kvcache::emulated_backend{});
+}
+
+TEST_CASE("contiguous fp8: attention after compaction equals the reference over the kept rows") {
+    using cache = kvcache::dynamic_cache<kvcache::float8_e4m3, heads>;
+    run_backend<kvcache::float8_e4m3, kvcache::reference_backend, cache>(kvcache::reference_backend{});
+    run_backend<kvcache::float8_e4m3, kvcache::cpu_backend, cache>(kvcache::cpu_backend{});
+}
+
+TEST_CASE_TEMPLATE("sliding window: attention after compaction equals the reference over the kept rows", Element, float,
+                   kvcache::half, kvcache::bfloat16) {
+    run_sliding<Element>(kvcache::reference_backend{});
+    run_sliding<Element>(kvcache::cpu_backend{});
+    run_sliding<Element>(kvcache::emulated_backend{});
 }

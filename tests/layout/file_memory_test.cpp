@@ -249,7 +249,7 @@ TEST_CASE("lengths near INT_MAX") {
     CHECK(window.begin_append(ids[0], 1) == length);
     CHECK_THROWS_AS(window.begin_append(ids[0], 1), kvcache::error);  // INT_MAX + 1 overflows
 
-    // A contiguous record must hold every position: INT_MAX of them cannot be in 200 bytes.
+    // A contiguous record of INT_MAX present positions cannot be in 200 bytes.
     kvcache::dynamic_cache<float, heads> dynamic(1, 1, 16);
     file_builder g(contiguous, fp32, heads::query_heads(), heads::kv_heads(), heads::head_dim, 1, 0, 0, 0, 1);
     g.put<std::int32_t>(INT_MAX);

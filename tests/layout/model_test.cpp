@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -86,6 +87,14 @@ public:
 
     const Cache& cache() const { return cache_; }
     Cache& cache() { return cache_; }
+    /// Puts a disk tier of `pages` page files in `directory` below the host
+    /// tier (paged runs with one); a load into a fresh cache gives it a new
+    /// tier in a subdirectory of its own.
+    void use_disk_tier(const std::string& directory, int pages) {
+        disk_directory_ = directory;
+        disk_pages_ = pages;
+        cache_.attach_disk_tier(directory, pages);
+    }
     void remove_all() {
         for (const auto& entry : model_) cache_.remove_sequence(entry.first);
         model_.clear();
@@ -96,6 +105,9 @@ public:
     int compactions = 0;
     int swaps = 0;
     int pool_dry = 0;  // of failures_seen: capacity_exceeded from the pool, the tier or a load
+    std::string disk_directory_;
+    int disk_pages_ = 0;
+    mutable int disk_generation_ = 0;
     /// Percents of steps that compact or swap instead of the usual mix (paged only).
     void mix_in(int compactions, int swaps) {
         extra_compactions_ = compactions;
@@ -439,6 +451,11 @@ private:
         if constexpr (kind == kvcache::layout_kind::paged) {
             Cache fresh(layers, cache_.page_count(), cache_.page_size(), cache_.prefix_caching());
             if (cache_.host_tier_pages() > 0) fresh.attach_host_tier(cache_.host_tier_pages());
+            if (disk_pages_ > 0) {
+                const std::string directory = disk_directory_ + "/load" + std::to_string(++disk_generation_);
+                std::filesystem::create_directories(directory);
+                fresh.attach_disk_tier(directory, disk_pages_);
+            }
             return fresh;
         } else if constexpr (kind == kvcache::layout_kind::sliding_window)
             return Cache(layers, cache_.slot_count(), cache_.window(), cache_.sinks(), cache_.max_chunk());
@@ -778,19 +795,25 @@ TEST_CASE_TEMPLATE("model-based: paged cache, plain and prefix modes", Element, 
 }
 
 // Issues 15 and 16: compaction mixed with append, fork, prefix hits,
-// truncate, save/load and swap through a host tier, in a pool of 24 pages of
-// 4 tokens that runs dry often; fp32, so every comparison is exact.
+// truncate, save/load and swap through a host tier with a disk tier below
+// it, in a pool of 24 pages of 4 tokens that runs dry often; fp32, so every
+// comparison is exact.
 TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
     using cache_type = kvcache::paged_cache<float, heads>;
     int compactions = 0, swaps = 0, refusals = 0, dry = 0;
-    std::uint64_t hits = 0, released = 0, copies = 0;
+    std::uint64_t hits = 0, released = 0, copies = 0, disk_written = 0, disk_hits = 0;
+    const auto disk_root = std::filesystem::temp_directory_path() / "kvcache_model_test_disk";
     for (int i = 0; i < 8; ++i) {
         for (bool prefix : {false, true}) {
             const std::uint32_t seed = seed_for(i) + 11 + (prefix ? 1 : 0);
             INFO("seed ", seed, " prefix ", prefix);
             cache_type cache(layers, 24, 4, prefix);
             cache.attach_host_tier(16);
+            const auto directory = disk_root / std::to_string(seed);
+            std::filesystem::remove_all(directory);
+            std::filesystem::create_directories(directory);
             model_run<cache_type> run(std::move(cache), seed, prefix);
+            run.use_disk_tier(directory.string(), 8);
             // Swaps often enough that one sequence is swapped out, back in,
             // changed and swapped out again: a stale host copy must not return.
             run.mix_in(10, 8);
@@ -798,6 +821,8 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
             CHECK(run.operations == 500);
             const auto stats = run.cache().statistics();
             hits += stats.prefix_hit_pages;
+            disk_written += stats.pages_written_to_disk;
+            disk_hits += stats.disk_prefix_hit_pages;
             released += stats.pages_released_by_compaction;
             copies += stats.copies;
             compactions += run.compactions;
@@ -805,12 +830,22 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
             refusals += run.failures_seen;
             dry += run.pool_dry;
 
-            // Everything released: no page is referenced, and the whole pool
-            // (cached prefix pages evicted on demand) serves one new sequence.
+            // Everything released: no page is referenced; once the prefix
+            // cache is cleared every page is free (evictable pages are not
+            // counted as free), and the whole pool serves one new sequence.
             run.remove_all();
             cache_type& c = run.cache();
             CHECK(c.statistics().pages_used == 0);
             for (int p = 0; p < c.page_count(); ++p) CHECK(c.page_references(p) == 0);
+            const int evictable = c.statistics().pages_evictable;
+            const kvcache::cleared_prefix_pages cleared = c.clear_prefix_cache();
+            CHECK(cleared.pool == evictable);
+            CHECK(c.statistics().pages_free == c.page_count());
+            CHECK(c.statistics().pages_evictable == 0);
+            CHECK(c.statistics().pages_cached == 0);
+            CHECK(c.statistics().host_pages_used == 0);
+            CHECK(c.statistics().host_pages_cached == 0);
+            CHECK(c.statistics().disk_pages_used == 0);
             const int tokens = c.page_count() * c.page_size();
             const std::vector<float> rows(std::size_t(tokens) * row, 1.0f);
             const kvcache::sequence_id id = c.add_sequence();
@@ -827,6 +862,10 @@ TEST_CASE("model-based: paged cache mixing compaction, swaps and a dry pool") {
     CHECK(hits > 0);
     CHECK(released > 0);
     CHECK(copies > 0);
+    CHECK(disk_written > 0);
+    CHECK(disk_hits > 0);
+    std::filesystem::remove_all(disk_root);
+    MESSAGE("disk tier: ", disk_written, " pages written, ", disk_hits, " prefix pages read back");
     MESSAGE("compaction runs: ", compactions, " compactions (", released, " pages released), ", swaps, " swaps, ",
             hits, " prefix page hits, ", copies, " copies on write, ", refusals, " refused operations (", dry,
             " for want of pages)");

@@ -1,11 +1,14 @@
 // Owners of the contiguous layout: a fixed "static" cache (slots x max
-// length, allocated once) and a "dynamic" one that grows geometrically.
+// length, allocated once) and a "dynamic" one that grows geometrically; both
+// compact (keep chosen rows per layer at their true positions, at the front
+// of the slot, so the slot's room is given back to later tokens).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "kvcache/cache/compaction.hpp"
 #include "kvcache/cache/owner_base.hpp"
 #include "kvcache/cache/sequence_id.hpp"
 #include "kvcache/cache/slot_store.hpp"
@@ -74,7 +77,7 @@ public:
             regrow(2 * slot_count(), capacity());
         }
         const int slot = free_slots_.back();
-        const sequence_id id = sequences_.insert(state{slot, 0});
+        const sequence_id id = sequences_.insert(state{slot, 0, {}});
         free_slots_.pop_back();
         return id;
     }
@@ -95,12 +98,14 @@ public:
     int begin_append(sequence_id id, int n) {
         detail::require_count(n, "n_tokens");
         state& s = sequences_.at(id);
-        if (n > capacity() - s.length) {
+        require(n <= 0x7fffffff - s.length, error_code::capacity_exceeded, "length ", s.length, " + ", n,
+                " overflows int");
+        const int stored = stored_rows(s);  // the length, less what a compaction dropped
+        if (n > capacity() - stored) {
             require(growth_ == contiguous_growth::geometric, error_code::capacity_exceeded, "append of ", n,
-                    " tokens to sequence ", id, " (length ", s.length, ") exceeds the slot capacity ", capacity());
-            require(n <= 0x7fffffff - s.length, error_code::capacity_exceeded, "length ", s.length, " + ", n,
-                    " overflows int");
-            const std::int64_t wanted = std::max<std::int64_t>(std::int64_t(s.length) + n, 2 * std::int64_t(capacity()));
+                    " tokens to sequence ", id, " (length ", s.length, ", ", stored, " rows stored) exceeds the slot capacity ",
+                    capacity());
+            const std::int64_t wanted = std::max<std::int64_t>(std::int64_t(stored) + n, 2 * std::int64_t(capacity()));
             regrow(slot_count(), static_cast<int>(std::min<std::int64_t>(wanted, 0x7fffffff)));
         }
         const int first = s.length;
@@ -118,7 +123,8 @@ public:
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
-        store_.write(layer, s.slot, first, keys, values, n);
+        if (n == 0) return;
+        store_.write(layer, s.slot, s.compaction.stored_row(id, s.length, layer, first, n, "write"), keys, values, n);
     }
 
     /// Reads rows of positions [first, first + n) of one layer into host arrays.
@@ -129,50 +135,118 @@ public:
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
-        store_.read(layer, s.slot, first, n, keys, values);
+        if (n == 0) return;
+        store_.read(layer, s.slot, s.compaction.stored_row(id, s.length, layer, first, n, "read"), n, keys, values);
     }
 
     /// Shortens the sequence to new_length; out_of_range when past the end.
+    /// A compacted sequence drops, in every layer, the rows of positions at
+    /// or past new_length (the next append lands at position new_length).
     void truncate(sequence_id id, int new_length) {
         state& s = sequences_.at(id);
         base::check_truncate(id, new_length, s.length);
+        s.compaction.truncate(new_length);
         s.length = new_length;
     }
 
-    /// A new sequence with a copy of id's rows (contiguous slots share nothing).
+    /// A new sequence with a copy of id's rows and compaction (contiguous slots share nothing).
     sequence_id fork(sequence_id id) {
-        const int parent_length = sequences_.at(id).length;
+        detail::layer_table compaction = sequences_.at(id).compaction;  // copied first: add_sequence may regrow
         const sequence_id child = add_sequence();
+        const state& parent = sequences_.at(id);
         state& c = sequences_.at(child);
-        store_.copy_slot(store_, sequences_.at(id).slot, c.slot, parent_length);
-        c.length = parent_length;
+        store_.copy_slot(store_, parent.slot, c.slot, stored_rows(parent));
+        c.length = parent.length;
+        c.compaction = std::move(compaction);
         return child;
     }
 
-    /// Positions a kernel may read: all of [0, length).
-    std::vector<int> present_positions(sequence_id id) const { return base::all_positions(this->length(id)); }
+    /// Keeps, in one layer of the sequence, only the rows at the visible
+    /// indices `kept` (ascending, no repeats, each below visible_count(id,
+    /// layer)), as paged_cache::compact does: the kept rows move in order to
+    /// the front of the slot and keep their true positions; length(id), the
+    /// next token's position, does not change, and later tokens land after
+    /// the kept rows, so the slot's capacity counts stored rows, not positions.
+    /// Nothing is shared between slots, so nothing is copied first; the
+    /// slot's memory stays reserved (bytes_used() falls).
+    /// Throws, with nothing changed: not_found (unknown id), out_of_range (a
+    /// bad layer or index), invalid_argument (indices not ascending or repeated).
+    void compact(sequence_id id, int layer, const std::vector<int>& kept) {
+        this->check_layer(layer);
+        compact_layers(id, {layer}, {&kept});
+    }
+
+    /// compact() of every layer at once: kept[l] is layer l's list (layers may
+    /// keep different rows and counts). All or nothing: a bad list changes no layer.
+    void compact(sequence_id id, const std::vector<std::vector<int>>& kept) {
+        const detail::every_layer_lists every(id, kept, layers());
+        compact_layers(id, every.which, every.lists);
+    }
+
+    /// Rows the sequence stores in one layer (length(id) until a compaction drops some).
+    int visible_count(sequence_id id, int layer) const {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        return s.length - s.compaction.layer(layer).dropped;
+    }
+    /// The positions of the rows one layer stores, ascending (visible index i holds the i-th).
+    std::vector<int> present_positions(sequence_id id, int layer) const {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        return s.compaction.positions(layer, s.length);
+    }
+    /// True while some layer of the sequence holds fewer rows than its length.
+    bool compacted(sequence_id id) const { return !sequences_.at(id).compaction.empty(); }
+    /// Rows moved by compact() so far (of one layer, every KV head).
+    std::uint64_t rows_moved_by_compaction() const noexcept { return rows_moved_; }
+
+    /// Positions a kernel may read: all of [0, length) unless the sequence was
+    /// compacted, then those of its layers, which must agree (what save()
+    /// records): invalid_argument when layers keep different positions.
+    std::vector<int> present_positions(sequence_id id) const {
+        const state& s = sequences_.at(id);
+        return s.compaction.common_positions(id, s.length, layers());
+    }
 
     /// The view of one layer over a batch (batch slot i is batch[i]). It stays
     /// valid until the cache changes or a view of a different batch is made;
     /// a step_plan's views (plan()) have no such limit.
     view_type view(int layer, const std::vector<sequence_id>& batch) {
         this->check_layer(layer);
-        view_type v = view_over(layer, table_.upload(view_table(batch)), static_cast<int>(batch.size()));
+        const std::vector<int> table = view_table(batch);
+        view_type v = view_over(layer, table_.upload(table), static_cast<int>(batch.size()), table.data());
         v.sequence_ids = table_.label(batch);
         return v;
     }
 
-    /// The index table a view of batch reads: lengths, then slots.
-    std::vector<int> view_table(const std::vector<sequence_id>& batch) const { return this->length_slot_table(batch); }
+    /// The index table a view of batch reads: lengths [n], slots [n], then
+    /// the compaction sections of a batch with a compacted sequence (as the
+    /// paged cache's: a marker, each layer's start, per layer dropped [n],
+    /// offsets [n + 1] and kept positions).
+    std::vector<int> view_table(const std::vector<sequence_id>& batch) const {
+        std::vector<int> table = this->length_slot_table(batch);
+        detail::append_compaction_sections(table, batch.size(), layers(), [&](std::size_t i) -> const detail::layer_table& {
+            return sequences_.at(batch[i]).compaction;
+        });
+        return table;
+    }
 
     /// The view of one layer whose index table (view_table()'s contents, in
-    /// the cache's memory space) the caller keeps at table, for n entries
-    /// (the table's host copy, which a paged cache reads, is not needed here).
-    view_type view_over(int layer, const int* table, int n, const int* /*host_table*/ = nullptr) {
+    /// the cache's memory space) the caller keeps at table, for n entries;
+    /// host_table is the same table in host memory (it says where the
+    /// layer's compaction section starts). A host cache may pass null: the
+    /// table itself is read then; a device cache must pass it.
+    view_type view_over(int layer, const int* table, int n, const int* host_table = nullptr) {
         this->check_layer(layer);
+        if constexpr (Memory::space == memory_space::host) {
+            if (!host_table) host_table = table;
+        }
+        require(host_table != nullptr || n == 0 || !table, error_code::invalid_argument,
+                "view_over of a device cache needs the index table's host copy");
         view_type v = view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
                                  capacity(), this->head_counts());
         v.scales = this->scales(layer);
+        detail::attach_compaction(v, table, host_table, 2 * n, layer, n);
         return v;
     }
 
@@ -180,16 +254,30 @@ public:
     std::size_t bytes_reserved() const noexcept { return store_.bytes(); }
     /// Bytes holding rows of live positions.
     std::size_t bytes_used() const noexcept {
-        std::size_t rows = 0;
-        for (const auto& entry : sequences_) rows += entry.second.length;
-        return rows * layers() * 2 * this->token_row() * sizeof(Element);
+        std::size_t rows = 0;  // of every layer
+        for (const auto& entry : sequences_)
+            for (int l = 0; l < layers(); ++l) rows += std::size_t(entry.second.length - entry.second.compaction.layer(l).dropped);
+        return rows * 2 * this->token_row() * sizeof(Element);
     }
 
 private:
     struct state {
         int slot = 0;
         int length = 0;
+        detail::layer_table compaction;  // per layer once compacted; empty: row == position everywhere
     };
+
+    /// Rows of the layer that stores the most: what s's slot must hold.
+    static int stored_rows(const state& s) noexcept { return s.length - s.compaction.fewest_dropped(); }
+
+    /// compact() of the listed layers: every list is checked before a row moves.
+    void compact_layers(sequence_id id, const std::vector<int>& which, const std::vector<const std::vector<int>*>& lists) {
+        state& s = sequences_.at(id);
+        std::vector<detail::layer_rows> after = s.compaction.after_compaction(id, s.length, layers(), which, lists);
+        for (std::size_t k = 0; k < which.size(); ++k) rows_moved_ += store_.compact_rows(which[k], s.slot, *lists[k]);
+        s.compaction = std::move(after);
+        s.compaction.normalize();
+    }
     using store = detail::slot_store<Element, Heads, Memory>;
 
     std::vector<std::int32_t> tokens_of(sequence_id) const { return {}; }
@@ -206,27 +294,24 @@ private:
     /// Allocates the new store first, so a failure leaves everything as it was.
     void regrow(int slots, int rows) {
         store grown(layers(), slots, rows, this->kv_heads());
-        for (const auto& entry : sequences_) grown.copy_slot(store_, entry.second.slot, entry.second.slot, entry.second.length);
+        for (const auto& entry : sequences_)
+            grown.copy_slot(store_, entry.second.slot, entry.second.slot, stored_rows(entry.second));
         for (int s = slots - 1; s >= store_.slots(); --s) free_slots_.insert(free_slots_.begin(), s);
         store_ = std::move(grown);
     }
 
     std::vector<sequence_id> restore(const detail::file_records<Element>& records) {
+        // A record holding fewer positions than its length (a compacted
+        // sequence's) comes back compacted the same in every layer; a slot
+        // needs only its stored rows.
         int longest = 0;
-        std::size_t index = 0;
-        for (const auto& r : records) {
-            require(r.present() == r.length, error_code::format_error, "sequence ", index, " of ", records.size(),
-                    ": a contiguous record of length ", r.length, " must hold every position, it holds ",
-                    r.present());
-            longest = std::max(longest, r.length);
-            ++index;
-        }
+        for (const auto& r : records) longest = std::max(longest, r.present());
         const std::size_t free = free_slots_.size();
         if (growth_ == contiguous_growth::fixed) {
             require(records.size() <= free, error_code::capacity_exceeded, "loading ", records.size(),
                     " sequences needs as many slots, ", free, " are free");
-            require(longest <= capacity(), error_code::capacity_exceeded, "saved length ", longest,
-                    " exceeds the slot capacity ", capacity());
+            require(longest <= capacity(), error_code::capacity_exceeded, "saved sequence of ", longest,
+                    " stored positions exceeds the slot capacity ", capacity());
         } else if (records.size() > free || longest > capacity()) {
             const std::size_t slots = std::max<std::size_t>(slot_count(), sequences_.size() + records.size());
             require(slots <= 0x7fffffff, error_code::capacity_exceeded, "loading ", records.size(),
@@ -252,9 +337,15 @@ private:
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);
-            begin_append(id, r.length);
-            for (int l = 0; l < layers(); ++l)
-                write(id, l, 0, span<const Element>(r.keys(l), r.plane), span<const Element>(r.values(l), r.plane), r.length);
+            state& s = sequences_.at(id);
+            s.length = r.length;  // positions the reader checked ascend inside [0, length)
+            if (r.present() < r.length) s.compaction.assign_everywhere(layers(), r.length, r.positions);
+            const std::size_t row = this->token_row();
+            detail::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
+                for (int l = 0; l < layers(); ++l)
+                    write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),
+                          span<const Element>(r.values(l) + i * row, (j - i) * row), static_cast<int>(j - i));
+            });
         }
         return ids;
     }
@@ -264,6 +355,7 @@ private:
     std::vector<int> free_slots_;  // a stack: the lowest slot is used first
     detail::sequence_registry<state> sequences_;
     detail::index_table<Memory> table_;
+    std::uint64_t rows_moved_ = 0;
 };
 
 /// The static cache: a contiguous cache that never reallocates.

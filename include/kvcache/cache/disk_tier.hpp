@@ -157,6 +157,13 @@ public:
         return true;
     }
 
+    /// Deletes every page file and forgets it; returns how many there were.
+    int clear_pages() noexcept {
+        const int n = count();
+        clear();
+        return n;
+    }
+
 private:
     struct entry {
         std::uint64_t parent;
@@ -175,14 +182,19 @@ private:
         e.last_use = ++clock_;
         lru_.insert({e.last_use, hash});
     }
-    void forget(std::uint64_t hash) {
+    /// Never throws: when naming the file fails for want of memory, the file
+    /// stays behind, unindexed (a later store of that page replaces it).
+    void forget(std::uint64_t hash) noexcept {
         auto found = index_.find(hash);
         if (found == index_.end()) return;
         lru_.erase({found->second.last_use, hash});
         index_.erase(found);
-        std::remove(path_of(hash).c_str());
+        try {
+            std::remove(path_of(hash).c_str());
+        } catch (...) {
+        }
     }
-    void clear() {
+    void clear() noexcept {
         while (!index_.empty()) forget(index_.begin()->first);
         lru_.clear();
     }

@@ -75,6 +75,11 @@ public:
     int find(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count) const {
         return pool_.find(hash, parent, tokens, count);
     }
+    /// Frees every spilled prefix page nobody holds (see page_pool::clear_cache);
+    /// returns how many.
+    int clear_cache() noexcept {
+        return pool_.clear_cache([this](int page) noexcept { unlink_host(page); });
+    }
     /// Drops a reference; a page nobody references is freed and unlinked.
     void release(int page) {
         pool_.release(page);

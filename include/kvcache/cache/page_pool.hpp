@@ -66,6 +66,13 @@ struct pool_statistics {
     }
 };
 
+/// What paged_cache::clear_prefix_cache() dropped, per tier.
+struct cleared_prefix_pages {
+    int pool = 0;  ///< pool pages put back on the free list (were evictable)
+    int host = 0;  ///< host-tier pages of spilled prefix pages nobody held, freed
+    int disk = 0;  ///< page files deleted from the disk tier
+};
+
 namespace detail {
 
 /// The chained hash of a full page: mixes the parent page's hash with the
@@ -176,6 +183,25 @@ public:
             page_info& q = info_[p.parent_page];
             if (q.cached_children++ == 0 && q.references == 0) leaves_.erase({q.last_use, p.parent_page});
         }
+    }
+
+    /// Drops every cached page nobody references from the index and puts it
+    /// on the free list (what allocate() would evict one by one), calling
+    /// on_freed(page) for each; referenced cached pages stay indexed.
+    /// Returns how many pages it freed. Cannot fail: the free list has room
+    /// for every page since construction.
+    /// @tparam OnFreed void(int page), noexcept
+    template <class OnFreed>
+    int clear_cache(OnFreed&& on_freed) noexcept {
+        int freed = 0;
+        while (!lru_.empty()) {
+            const int page = lru_.begin()->second;
+            uncache(page);  // also takes it off lru_ and leaves_
+            free_.push_back(page);
+            on_freed(page);
+            ++freed;
+        }
+        return freed;
     }
 
     /// Cached pages that extend this page's chain by one page.

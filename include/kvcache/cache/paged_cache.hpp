@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kvcache/cache/compaction.hpp"
 #include "kvcache/cache/disk_tier.hpp"
 #include "kvcache/cache/host_tier.hpp"
 #include "kvcache/cache/owner_base.hpp"
@@ -236,6 +237,24 @@ public:
         publish_pages(s, s.length);
     }
 
+    /// Drops what the prefix cache keeps for reuse only: every pool page no
+    /// sequence holds (the evictable ones) goes back to the free list, the
+    /// host tier frees the spilled prefix pages nobody holds, and the disk
+    /// tier deletes its page files, so no tier can serve them to a later
+    /// match_prefix. Pages sequences hold (their own, forked or matched ones,
+    /// swapped ones in the host tier) keep their rows and stay indexed: they
+    /// are live memory, which clearing would not release. Afterwards
+    /// statistics().pages_free is the pool less the pages sequences hold.
+    /// Returns what each tier dropped. Cannot fail (a page file whose name
+    /// cannot be built for want of memory stays on disk, forgotten).
+    cleared_prefix_pages clear_prefix_cache() noexcept {
+        cleared_prefix_pages cleared;
+        cleared.pool = pool_.clear_cache([this](int page) noexcept { tier_.unlink_primary(page); });
+        cleared.host = tier_.clear_cache();
+        cleared.disk = disk_.clear_pages();
+        return cleared;
+    }
+
     using base::write;  // also from rows of the other element type, converted
 
     /// owner_base::set_scales, refused also while the prefix cache keeps rows
@@ -311,14 +330,8 @@ public:
     void truncate(sequence_id id, int new_length) {
         state& s = resident(id, "truncate");
         base::check_truncate(id, new_length, s.length);
-        for (layer_rows& r : s.compaction) {
-            if (new_length >= r.tail_start()) continue;  // only rows appended since the compaction go
-            const std::size_t stay = std::lower_bound(r.kept.begin(), r.kept.end(), new_length) - r.kept.begin();
-            r.kept.resize(stay);
-            r.dropped = new_length - static_cast<int>(stay);
-        }
+        s.compaction.truncate(new_length);
         s.length = new_length;
-        normalize(s);
         release_pages_past(s, stored_rows(s));
         s.tokens.resize(std::min<std::size_t>(s.tokens.size(), new_length));
         s.hashes.resize(std::min<std::size_t>(s.hashes.size(), new_length / page_size_));
@@ -348,15 +361,8 @@ public:
     /// rows of the layer that keeps the most, since the page table is shared
     /// by all layers). All or nothing: a bad list changes no layer.
     void compact(sequence_id id, const std::vector<std::vector<int>>& kept) {
-        require(static_cast<int>(kept.size()) == layers_, error_code::invalid_argument, "compact of sequence ", id,
-                " got ", kept.size(), " lists of kept rows for ", layers_, " layers");
-        std::vector<int> layers;
-        std::vector<const std::vector<int>*> lists;
-        for (int l = 0; l < layers_; ++l) {
-            layers.push_back(l);
-            lists.push_back(&kept[std::size_t(l)]);
-        }
-        compact_layers(id, layers, lists);
+        const detail::every_layer_lists every(id, kept, layers_);
+        compact_layers(id, every.which, every.lists);
     }
 
     /// Rows the sequence stores in one layer: its present positions there
@@ -371,10 +377,7 @@ public:
     std::vector<int> present_positions(sequence_id id, int layer) const {
         this->check_layer(layer);
         const state& s = sequences_.at(id);
-        const layer_rows& r = rows_of_layer(s, layer);
-        std::vector<int> out(std::size_t(s.length - r.dropped));
-        for (std::size_t i = 0; i < out.size(); ++i) out[i] = r.position_at(static_cast<int>(i));
-        return out;
+        return s.compaction.positions(layer, s.length);
     }
     /// True while some layer of the sequence holds fewer rows than its length.
     bool compacted(sequence_id id) const { return !sequences_.at(id).compaction.empty(); }
@@ -511,14 +514,7 @@ public:
     /// records): invalid_argument when layers keep different positions.
     std::vector<int> present_positions(sequence_id id) const {
         const state& s = sequences_.at(id);
-        if (s.compaction.empty()) return base::all_positions(s.length);
-        std::vector<int> first = present_positions(id, 0);
-        for (int l = 1; l < layers_; ++l)
-            require(present_positions(id, l) == first, error_code::invalid_argument, "sequence ", id,
-                    " keeps different positions in different layers (layer 0 keeps ", first.size(), ", layer ", l,
-                    " keeps ", visible_count(id, l), " of ", s.length,
-                    "): a saved record holds one set of positions for every layer");
-        return first;
+        return s.compaction.common_positions(id, s.length, layers_);
     }
 
     /// The view of one layer over a batch, with the CSR page table in the
@@ -542,29 +538,14 @@ public:
         sequences_.require_all(batch);
         const std::size_t n = batch.size();
         std::vector<int> table(2 * n + 1);
-        bool any_compacted = false;
         for (std::size_t i = 0; i < n; ++i) {
             const state& s = resident(batch[i], "attend to");
             table[i] = s.length;
             table[n + 1 + i] = table[n + i] + static_cast<int>(s.pages.size());
             table.insert(table.end(), s.pages.begin(), s.pages.end());
-            any_compacted = any_compacted || !s.compaction.empty();
         }
-        table.push_back(any_compacted ? 1 : 0);
-        if (!any_compacted) return table;
-        const std::size_t starts = table.size();
-        table.resize(starts + std::size_t(layers_));
-        for (int l = 0; l < layers_; ++l) {
-            table[starts + std::size_t(l)] = static_cast<int>(table.size());
-            const std::size_t dropped = table.size();
-            table.resize(dropped + 2 * n + 1);
-            for (std::size_t i = 0; i < n; ++i) {
-                const layer_rows& r = rows_of_layer(sequences_.at(batch[i]), l);
-                table[dropped + i] = r.dropped;
-                table[dropped + n + 1 + i] = table[dropped + n + i] + static_cast<int>(r.kept.size());
-                table.insert(table.end(), r.kept.begin(), r.kept.end());
-            }
-        }
+        detail::append_compaction_sections(table, n, layers_,
+                                           [&](std::size_t i) -> const layer_table& { return sequences_.at(batch[i]).compaction; });
         return table;
     }
 
@@ -584,12 +565,7 @@ public:
                                  page_size_, this->head_counts());
         v.scales = this->scales(layer);
         if (n == 0 || !table) return v;
-        const int marker = 2 * n + 1 + host_table[2 * n];
-        if (host_table[marker] == 0) return v;
-        const int section = host_table[marker + 1 + layer];
-        v.dropped = table + section;
-        v.kept_offsets = table + section + n;
-        v.kept_positions = table + section + 2 * n + 1;
+        detail::attach_compaction(v, table, host_table, 2 * n + 1 + host_table[2 * n], layer, n);
         return v;
     }
 
@@ -638,55 +614,8 @@ public:
     std::size_t bytes_used() const { return statistics().bytes_used; }
 
 private:
-    /// Which positions one layer of a compacted sequence stores: rows
-    /// [0, kept.size()) hold the positions in kept, and each later row r
-    /// (appended since) holds position r + dropped.
-    struct layer_rows {
-        std::vector<int> kept;  // ascending; its last entry is never kept.size() - 1 + dropped (normalize())
-        int dropped = 0;        // positions below the tail that are not stored
-
-        int tail_start() const noexcept { return static_cast<int>(kept.size()) + dropped; }
-        int position_at(int row) const noexcept {
-            return row < static_cast<int>(kept.size()) ? kept[std::size_t(row)] : row + dropped;
-        }
-        /// The row holding position, or -1 when it is not stored.
-        int row_at(int position) const noexcept {
-            if (position >= tail_start()) return position - dropped;
-            const auto found = std::lower_bound(kept.begin(), kept.end(), position);
-            return found != kept.end() && *found == position ? static_cast<int>(found - kept.begin()) : -1;
-        }
-    };
-
-    /// The layer_rows of a compacted sequence, behind a pointer so that every
-    /// other sequence's bookkeeping grows by one pointer only (what a load of
-    /// many small records allocates is bounded by it); copies are deep (fork).
-    class layer_table {
-    public:
-        layer_table() = default;
-        layer_table(const layer_table& other)
-            : rows_(other.rows_ ? std::make_unique<std::vector<layer_rows>>(*other.rows_) : nullptr) {}
-        layer_table(layer_table&&) noexcept = default;
-        layer_table& operator=(layer_table other) noexcept {
-            rows_ = std::move(other.rows_);
-            return *this;
-        }
-        layer_table& operator=(std::vector<layer_rows> rows) {
-            rows_ = std::make_unique<std::vector<layer_rows>>(std::move(rows));
-            return *this;
-        }
-        bool empty() const noexcept { return !rows_; }
-        void clear() noexcept { rows_.reset(); }
-        const std::vector<layer_rows>& rows() const { return *rows_; }
-        layer_rows& operator[](std::size_t layer) { return (*rows_)[layer]; }
-        const layer_rows& operator[](std::size_t layer) const { return (*rows_)[layer]; }
-        layer_rows* begin() noexcept { return rows_ ? rows_->data() : nullptr; }
-        layer_rows* end() noexcept { return rows_ ? rows_->data() + rows_->size() : nullptr; }
-        const layer_rows* begin() const noexcept { return rows_ ? rows_->data() : nullptr; }
-        const layer_rows* end() const noexcept { return rows_ ? rows_->data() + rows_->size() : nullptr; }
-
-    private:
-        std::unique_ptr<std::vector<layer_rows>> rows_;
-    };
+    using layer_rows = detail::layer_rows;
+    using layer_table = detail::layer_table;
 
     struct state {
         int length = 0;
@@ -832,16 +761,7 @@ private:
     std::size_t pages_for(int length) const { return (std::size_t(length) + page_size_ - 1) / page_size_; }
 
     /// One layer's stored positions (row == position when never compacted).
-    const layer_rows& rows_of_layer(const state& s, int layer) const {
-        static const layer_rows every_position{};
-        return s.compaction.empty() ? every_position : s.compaction[std::size_t(layer)];
-    }
-    /// The fewest positions a layer of s no longer stores.
-    int fewest_dropped(const state& s) const {
-        int d = s.compaction.empty() ? 0 : INT_MAX;
-        for (const layer_rows& r : s.compaction) d = std::min(d, r.dropped);
-        return d;
-    }
+    const layer_rows& rows_of_layer(const state& s, int layer) const { return s.compaction.layer(layer); }
     /// Which of s's pages the rows of n new tokens land in: each layer's go
     /// after its own rows, so with layers of different counts, earlier pages too.
     std::vector<char> pages_landed_in(const state& s, int n) const {
@@ -857,50 +777,18 @@ private:
         return landing;
     }
     /// Rows of the layer that stores the most: what s's pages must hold.
-    int stored_rows(const state& s) const { return s.length - fewest_dropped(s); }
+    int stored_rows(const state& s) const { return s.length - s.compaction.fewest_dropped(); }
 
-    /// Storage row of position first of one layer, after checking that all
-    /// of positions [first, first + n) (n > 0, inside the length) are stored
-    /// there; their rows are then consecutive.
+    /// Storage row of position first of one layer (see layer_table::stored_row).
     int stored_row(const state& s, sequence_id id, int layer, int first, int n, const char* op) const {
-        const layer_rows& r = rows_of_layer(s, layer);
-        const int row = r.row_at(first), last = r.row_at(first + n - 1);
-        if (row >= 0 && last - row == n - 1) return row;
-        int missing = first;  // name the first position that is not stored
-        while (r.row_at(missing) >= 0) ++missing;
-        throw_error(error_code::out_of_range, op, " of positions [", first, ", ", first + n, ") of sequence ", id,
-                    ", layer ", layer, ": position ", missing, " is not stored (compaction kept ",
-                    s.length - r.dropped, " of its ", s.length, " positions)");
+        return s.compaction.stored_row(id, s.length, layer, first, n, op);
     }
 
-    /// Absorbs kept rows that continue into the tail, and forgets the
-    /// compaction once every layer stores every position again.
-    static void normalize(state& s) {
-        bool all = true;
-        for (layer_rows& r : s.compaction) {
-            while (!r.kept.empty() && r.kept.back() == static_cast<int>(r.kept.size()) - 1 + r.dropped) r.kept.pop_back();
-            all = all && r.kept.empty() && r.dropped == 0;
-        }
-        if (all) s.compaction.clear();
-    }
-
-    /// Storage rows [0, n) of s that hold position == row in every layer and
-    /// always will (later rows land after a compacted layer's kept ones).
-    static std::size_t identity_rows(const state& s) {
-        std::size_t n = SIZE_MAX;
-        for (const layer_rows& r : s.compaction) {
-            if (r.dropped == 0) continue;  // a layer that stores every position
-            std::size_t j = 0;
-            while (j < r.kept.size() && r.kept[j] == static_cast<int>(j)) ++j;
-            n = std::min(n, j);
-        }
-        return n;
-    }
     /// A compacted sequence's pages past its identity rows no longer hold the
     /// rows of their token ids (or will not once appended to): it forgets
     /// those token ids, so the pages are never offered to the prefix cache.
     void forget_tokens_past_identity(state& s) const {
-        const std::size_t identity = identity_rows(s);
+        const std::size_t identity = s.compaction.identity_rows();
         s.tokens.resize(std::min(s.tokens.size(), identity));
         s.hashes.resize(std::min(s.hashes.size(), identity / std::size_t(page_size_)));
     }
@@ -916,25 +804,8 @@ private:
     /// copies on write need counted) before anything changes.
     void compact_layers(sequence_id id, const std::vector<int>& layers, const std::vector<const std::vector<int>*>& lists) {
         state& s = resident(id, "compact");
-        // The new stored positions of each listed layer.
-        std::vector<layer_rows> after = s.compaction.empty() ? std::vector<layer_rows>(std::size_t(layers_)) : s.compaction.rows();
-        for (std::size_t k = 0; k < layers.size(); ++k) {
-            const int layer = layers[k];
-            const std::vector<int>& kept = *lists[k];
-            const layer_rows& before = rows_of_layer(s, layer);
-            const int rows = s.length - before.dropped;
-            layer_rows& r = after[std::size_t(layer)];
-            r.kept.clear();
-            for (std::size_t j = 0; j < kept.size(); ++j) {
-                require(kept[j] >= 0 && kept[j] < rows, error_code::out_of_range, "compact of sequence ", id, ", layer ",
-                        layer, ": kept[", j, "] = ", kept[j], " is outside its visible rows [0, ", rows, ")");
-                require(j == 0 || kept[j] > kept[j - 1], error_code::invalid_argument, "compact of sequence ", id,
-                        ", layer ", layer, ": kept[", j, "] = ", kept[j], " does not ascend past kept[", j - 1, "] = ",
-                        kept[j - 1], " (indices must be ascending, without repeats)");
-                r.kept.push_back(before.position_at(kept[j]));
-            }
-            r.dropped = s.length - static_cast<int>(kept.size());
-        }
+        // The new stored positions of each listed layer (all checked here).
+        std::vector<layer_rows> after = s.compaction.after_compaction(id, s.length, layers_, layers, lists);
         // Rows move down to the front: each destination page that someone else
         // can see (a fork, a prefix hit, the prefix cache) is copied first.
         std::vector<char> touched(s.pages.size(), 0);
@@ -954,7 +825,7 @@ private:
         }
         for (std::size_t k = 0; k < layers.size(); ++k) move_rows(s, layers[k], *lists[k]);
         s.compaction = std::move(after);
-        normalize(s);
+        s.compaction.normalize();
         forget_tokens_past_identity(s);
         const std::size_t pages_before = s.pages.size();
         release_pages_past(s, stored_rows(s));
@@ -1111,12 +982,8 @@ private:
             ids.push_back(id);
             state& s = sequences_.at(id);
             if (r.present() < r.length) {  // positions the reader checked ascend inside [0, length)
-                layer_rows kept;
-                kept.kept.assign(r.positions.begin(), r.positions.end());
-                kept.dropped = r.length - r.present();
-                s.compaction = std::vector<layer_rows>(std::size_t(layers_), kept);
+                s.compaction.assign_everywhere(layers_, r.length, r.positions);
                 s.length = r.length;
-                normalize(s);
                 s.tokens.assign(r.tokens.begin(), r.tokens.end());
                 forget_tokens_past_identity(s);
                 for (std::size_t i = 0; i < pages_for(r.present()); ++i) s.pages.push_back(allocate_page());

@@ -1,12 +1,14 @@
 // Owner of the sliding-window layout: fixed slots of S sink rows plus a ring
 // of R = window + max_chunk - 1 rows, so generation runs without bound in
-// fixed memory.
+// fixed memory. Compaction drops chosen rows from view (holes) where they
+// are; the ring still decides which positions stay.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "kvcache/cache/compaction.hpp"
 #include "kvcache/cache/owner_base.hpp"
 #include "kvcache/cache/sequence_id.hpp"
 #include "kvcache/cache/slot_store.hpp"
@@ -70,7 +72,7 @@ public:
     sequence_id add_sequence() {
         require(!free_slots_.empty(), error_code::capacity_exceeded, "all ", slot_count(),
                 " slots of the sliding-window cache are taken");
-        const sequence_id id = sequences_.insert(state{free_slots_.back(), 0});
+        const sequence_id id = sequences_.insert(state{free_slots_.back(), 0, {}});
         free_slots_.pop_back();
         return id;
     }
@@ -98,6 +100,7 @@ public:
                 " overflows int");
         const int first = s.length;
         s.length += n;
+        prune_holes(s);  // the ring overwrote the oldest rows, holes among them
         return first;
     }
 
@@ -111,6 +114,7 @@ public:
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         check_present(id, s.length, first, n);
+        check_no_hole(s, id, layer, first, n, "write");
         for_each_segment(first, n, [&](int row, int done, int count) {
             const std::size_t at = std::size_t(done) * this->token_row();
             store_.write(layer, s.slot, row, keys + at, values + at, count);
@@ -125,6 +129,7 @@ public:
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         check_present(id, s.length, first, n);
+        check_no_hole(s, id, layer, first, n, "read");
         for_each_segment(first, n, [&](int row, int done, int count) {
             const std::size_t at = std::size_t(done) * this->token_row();
             store_.read(layer, s.slot, row, count, keys + at, values + at);
@@ -141,6 +146,7 @@ public:
                 "truncate of sequence ", id, " to ", new_length, " needs positions the window evicted (length ",
                 s.length, " > sinks ", sinks_, " + ring ", ring_, ")");
         s.length = new_length;
+        prune_holes(s);
     }
 
     /// A new sequence with a copy of id's sinks and ring.
@@ -150,11 +156,62 @@ public:
         state& c = sequences_.at(child);
         store_.copy_slot(store_, parent.slot, c.slot, store_.rows());
         c.length = parent.length;
+        c.holes = parent.holes;
         return child;
     }
 
-    /// Present positions, ascending: the sinks, then the ring's contents.
-    std::vector<int> present_positions(sequence_id id) const { return present_positions_for(this->length(id)); }
+    /// Keeps, in one layer of the sequence, only the rows at the visible
+    /// indices `kept` (ascending, no repeats, each below visible_count(id,
+    /// layer)), with paged_cache::compact's checks and errors. A visible index
+    /// counts the rows the layer holds now: the sinks, then the ring's
+    /// contents, in ascending position, less the rows earlier compactions
+    /// dropped. The rows not kept become holes: no longer visible, read or
+    /// written; no row moves, every kept row keeps its position, and
+    /// length(id), the next token's position, does not change. The ring
+    /// still decides what stays: a kept ring row is overwritten, as any, once
+    /// its position leaves the ring, and a sink dropped stays a hole. The
+    /// slot's memory is fixed, so nothing is released (bytes_used() falls).
+    /// Throws, with nothing changed: not_found (unknown id), out_of_range (a
+    /// bad layer or index), invalid_argument (indices not ascending or repeated).
+    void compact(sequence_id id, int layer, const std::vector<int>& kept) {
+        this->check_layer(layer);
+        compact_layers(id, {layer}, {&kept});
+    }
+
+    /// compact() of every layer at once: kept[l] is layer l's list. All or
+    /// nothing: a bad list changes no layer.
+    void compact(sequence_id id, const std::vector<std::vector<int>>& kept) {
+        const detail::every_layer_lists every(id, kept, layers());
+        compact_layers(id, every.which, every.lists);
+    }
+
+    /// Rows of one layer a kernel sees: the present positions less the holes.
+    int visible_count(sequence_id id, int layer) const {
+        this->check_layer(layer);
+        const state& s = sequences_.at(id);
+        return static_cast<int>(present_positions_for(s.length).size() - holes_of(s, layer).size());
+    }
+    /// The positions one layer shows, ascending (visible index i holds the i-th).
+    std::vector<int> present_positions(sequence_id id, int layer) const {
+        this->check_layer(layer);
+        return visible_positions(sequences_.at(id), layer);
+    }
+    /// True while some layer of the sequence has a hole.
+    bool compacted(sequence_id id) const { return !sequences_.at(id).holes.empty(); }
+
+    /// Present positions, ascending: the sinks, then the ring's contents,
+    /// less a compaction's holes, which must agree across layers (what
+    /// save() records): invalid_argument when they differ.
+    std::vector<int> present_positions(sequence_id id) const {
+        const state& s = sequences_.at(id);
+        std::vector<int> first = visible_positions(s, 0);
+        for (int l = 1; l < layers() && !s.holes.empty(); ++l)
+            require(s.holes[std::size_t(l)] == s.holes[0], error_code::invalid_argument, "sequence ", id,
+                    " keeps different positions in different layers (layer 0 keeps ", first.size(), ", layer ", l,
+                    " keeps ", visible_count(id, l), " of ", s.length,
+                    "): a saved record holds one set of positions for every layer");
+        return first;
+    }
     /// The positions this window keeps of a sequence of `length` tokens, ascending.
     std::vector<int> present_positions_for(int length) const {
         std::vector<int> out;
@@ -167,30 +224,68 @@ public:
     /// view of a different batch is made; a step_plan's views (plan()) have no such limit.
     view_type view(int layer, const std::vector<sequence_id>& batch) {
         this->check_layer(layer);
-        view_type v = view_over(layer, table_.upload(view_table(batch)), static_cast<int>(batch.size()));
+        const std::vector<int> table = view_table(batch);
+        view_type v = view_over(layer, table_.upload(table), static_cast<int>(batch.size()), table.data());
         v.sequence_ids = table_.label(batch);
         return v;
     }
 
-    /// The index table a view of batch reads: lengths, then slots.
-    std::vector<int> view_table(const std::vector<sequence_id>& batch) const { return this->length_slot_table(batch); }
+    /// The index table a view of batch reads: lengths [n], slots [n], then 0
+    /// when no sequence of the batch has a hole, else 1, where each layer's
+    /// section starts [L], and per layer its section: offsets [n + 1] into
+    /// the hole positions that follow (see sliding_window_view).
+    std::vector<int> view_table(const std::vector<sequence_id>& batch) const {
+        std::vector<int> table = this->length_slot_table(batch);
+        const std::size_t n = batch.size();
+        bool any = false;
+        for (sequence_id id : batch) any = any || !sequences_.at(id).holes.empty();
+        table.push_back(any ? 1 : 0);
+        if (!any) return table;
+        const std::size_t starts = table.size();
+        table.resize(starts + std::size_t(layers()));
+        for (int l = 0; l < layers(); ++l) {
+            table[starts + std::size_t(l)] = static_cast<int>(table.size());
+            const std::size_t offsets = table.size();
+            table.resize(offsets + n + 1);
+            for (std::size_t i = 0; i < n; ++i) {
+                const std::vector<int>& holes = holes_of(sequences_.at(batch[i]), l);
+                table[offsets + i + 1] = table[offsets + i] + static_cast<int>(holes.size());
+                table.insert(table.end(), holes.begin(), holes.end());
+            }
+        }
+        return table;
+    }
 
     /// The view of one layer whose index table (view_table()'s contents, in
-    /// the cache's memory space) the caller keeps at table, for n entries
-    /// (the table's host copy, which a paged cache reads, is not needed here).
-    view_type view_over(int layer, const int* table, int n, const int* /*host_table*/ = nullptr) {
+    /// the cache's memory space) the caller keeps at table, for n entries;
+    /// host_table is the same table in host memory (it says where the
+    /// layer's hole section starts). A host cache may pass null: the table
+    /// itself is read then; a device cache must pass it.
+    view_type view_over(int layer, const int* table, int n, const int* host_table = nullptr) {
         this->check_layer(layer);
+        if constexpr (Memory::space == memory_space::host) {
+            if (!host_table) host_table = table;
+        }
+        require(host_table != nullptr || n == 0 || !table, error_code::invalid_argument,
+                "view_over of a device cache needs the index table's host copy");
         view_type v = view_type::packed(store_.keys(layer), store_.values(layer), table, table ? table + n : nullptr, n,
                                  sinks_, ring_, window_, this->head_counts());
         v.scales = this->scales(layer);
+        if (n > 0 && table && host_table[2 * n] != 0) {
+            const int section = host_table[2 * n + 1 + layer];
+            v.hole_offsets = table + section;
+            v.hole_positions = table + section + n + 1;
+        }
         return v;
     }
 
     std::size_t bytes_reserved() const noexcept { return store_.bytes(); }
     std::size_t bytes_used() const noexcept {
-        std::size_t rows = 0;
-        for (const auto& entry : sequences_) rows += present_positions_for(entry.second.length).size();
-        return rows * layers() * 2 * this->token_row() * sizeof(Element);
+        std::size_t rows = 0;  // of every layer
+        for (const auto& entry : sequences_)
+            for (int l = 0; l < layers(); ++l)
+                rows += present_positions_for(entry.second.length).size() - holes_of(entry.second, l).size();
+        return rows * 2 * this->token_row() * sizeof(Element);
     }
 
 private:
@@ -201,7 +296,57 @@ private:
     struct state {
         int slot = 0;
         int length = 0;
+        std::vector<std::vector<int>> holes;  // per layer once compacted: present positions dropped, ascending
     };
+
+    const std::vector<int>& holes_of(const state& s, int layer) const noexcept {
+        static const std::vector<int> none;
+        return s.holes.empty() ? none : s.holes[std::size_t(layer)];
+    }
+    /// Present positions of s less layer's holes.
+    std::vector<int> visible_positions(const state& s, int layer) const {
+        std::vector<int> out;
+        const std::vector<int>& holes = holes_of(s, layer);
+        for (int p : present_positions_for(s.length))
+            if (!std::binary_search(holes.begin(), holes.end(), p)) out.push_back(p);
+        return out;
+    }
+    /// Forgets holes whose positions are no longer present (the ring moved
+    /// past them, or a truncate), and the compaction once none is left.
+    void prune_holes(state& s) const {
+        bool any = false;
+        for (std::vector<int>& holes : s.holes) {
+            holes.erase(std::remove_if(holes.begin(), holes.end(), [&](int p) { return !present(s.length, p); }),
+                        holes.end());
+            any = any || !holes.empty();
+        }
+        if (!any) s.holes.clear();
+    }
+    /// out_of_range, naming the position, when [first, first + n) holds a hole of the layer.
+    void check_no_hole(const state& s, sequence_id id, int layer, int first, int n, const char* op) const {
+        const std::vector<int>& holes = holes_of(s, layer);
+        const auto hole = std::lower_bound(holes.begin(), holes.end(), first);
+        require(hole == holes.end() || *hole >= first + n, error_code::out_of_range, op, " of positions [", first, ", ",
+                std::int64_t(first) + n, ") of sequence ", id, ", layer ", layer, ": position ",
+                hole == holes.end() ? 0 : *hole, " is not stored (a compaction dropped it)");
+    }
+    /// compact() of the listed layers: every list is checked before a hole is made.
+    void compact_layers(sequence_id id, const std::vector<int>& which, const std::vector<const std::vector<int>*>& lists) {
+        state& s = sequences_.at(id);
+        std::vector<std::vector<int>> after = s.holes.empty() ? std::vector<std::vector<int>>(std::size_t(layers())) : s.holes;
+        for (std::size_t k = 0; k < which.size(); ++k) {
+            const std::vector<int> visible = visible_positions(s, which[k]);
+            detail::check_kept_list(id, which[k], *lists[k], static_cast<int>(visible.size()));
+            std::vector<int>& holes = after[std::size_t(which[k])];
+            std::vector<char> keep(visible.size(), 0);
+            for (int i : *lists[k]) keep[std::size_t(i)] = 1;
+            for (std::size_t i = 0; i < visible.size(); ++i)
+                if (!keep[i]) holes.push_back(visible[i]);
+            std::sort(holes.begin(), holes.end());
+        }
+        s.holes = std::move(after);
+        prune_holes(s);  // clears a compaction that kept every row
+    }
     using store = detail::slot_store<Element, Heads, Memory>;
 
     int first_ring(int length) const noexcept { return std::max(sinks_, length - ring_); }
@@ -248,25 +393,21 @@ private:
         return h;
     }
 
-    /// True when positions are exactly what this window keeps at length.
-    bool keeps_exactly(int length, span<const int> positions) const noexcept {
-        const int sinks = std::min(length, sinks_), ring_from = first_ring(length);
-        const std::size_t kept = std::size_t(sinks) + std::size_t(std::max(0, length - ring_from));
-        if (positions.size() != kept) return false;
-        std::size_t i = 0;
-        for (int p = 0; p < sinks; ++p)
-            if (positions[i++] != p) return false;
-        for (int p = ring_from; p < length; ++p)
-            if (positions[i++] != p) return false;
+    /// True when positions (ascending, as the reader checked) are among
+    /// what this window keeps at length: all of them, or a compacted
+    /// sequence's, with holes.
+    bool keeps_subset(int length, span<const int> positions) const noexcept {
+        for (int p : positions)
+            if (!present(length, p)) return false;
         return true;
     }
 
     std::vector<sequence_id> restore(const detail::file_records<Element>& records) {
         std::size_t index = 0;
         for (const auto& r : records) {
-            require(keeps_exactly(r.length, r.positions), error_code::format_error, "sequence ", index, " of ",
+            require(keeps_subset(r.length, r.positions), error_code::format_error, "sequence ", index, " of ",
                     records.size(), ": a sliding-window record of length ", r.length, " holds ", r.present(),
-                    " positions, not the ones this window keeps");
+                    " positions, not among the ones this window keeps");
             ++index;
         }
         require(records.size() <= free_slots_.size(), error_code::capacity_exceeded, "loading ", records.size(),
@@ -277,7 +418,13 @@ private:
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);
-            sequences_.at(id).length = r.length;
+            state& s = sequences_.at(id);
+            s.length = r.length;
+            // A compacted sequence's record lacks its holes: the same in every layer.
+            std::vector<int> holes;
+            for (int p : present_positions_for(r.length))
+                if (!std::binary_search(r.positions.begin(), r.positions.end(), p)) holes.push_back(p);
+            if (!holes.empty()) s.holes.assign(std::size_t(layers()), holes);
             detail::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers(); ++l)
                     write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),

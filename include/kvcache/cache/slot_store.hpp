@@ -66,6 +66,34 @@ public:
         gather_rows<Element, Heads, Memory>(values, values_[layer].data() + at, head_stride(), n, kv_heads_);
     }
 
+    /// Moves, in every KV head of one layer and slot, the rows at ascending
+    /// storage rows kept[j] down to row j (kept[j] >= j), front to back in
+    /// pieces that do not overlap their source, so no row is overwritten
+    /// before it moved. Returns the rows moved (every KV head counted once).
+    std::uint64_t compact_rows(int layer, int slot, const std::vector<int>& kept) {
+        const std::int64_t dim = row_elements<Element>(Heads::head_dim);
+        std::uint64_t moved = 0;
+        for (int j = 0; j < static_cast<int>(kept.size());) {
+            const int from = kept[std::size_t(j)];
+            if (from == j) {
+                ++j;
+                continue;
+            }
+            int count = 1;
+            while (count < from - j && j + count < static_cast<int>(kept.size()) && kept[std::size_t(j + count)] == from + count)
+                ++count;
+            const std::size_t bytes = std::size_t(count) * std::size_t(dim) * sizeof(Element);
+            for (int h = 0; h < kv_heads_; ++h) {
+                const std::int64_t base = slot * slot_stride() + h * head_stride();
+                Memory::copy_within(keys_[layer].data() + base + j * dim, keys_[layer].data() + base + from * dim, bytes);
+                Memory::copy_within(values_[layer].data() + base + j * dim, values_[layer].data() + base + from * dim, bytes);
+            }
+            moved += std::uint64_t(count);
+            j += count;
+        }
+        return moved;
+    }
+
     /// Copies the first `rows` rows of every head and layer from slot `from` of
     /// `source` (which may be this store, or one with other shapes) into slot `to`.
     void copy_slot(const slot_store& source, int from, int to, int rows) {

@@ -9,6 +9,7 @@
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/layout/detail/compacted_rows.hpp"
 #include "kvcache/layout/detail/view_rows.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
@@ -19,10 +20,16 @@ namespace kvcache {
 /// keys[slot * slot_stride + kv_head * head_stride + position * position_stride + d]
 /// (the same for values). Default strides give [slot][kv_head][position][head_dim].
 /// Batch entry i reads storage slot slots[i], or slot i when slots is null.
+///
+/// Compacted sequences (contiguous_cache::compact): with `dropped` set, the
+/// positions are those of detail::compacted_rows: visible index v is storage
+/// row v of the slot, its first kept rows hold kept_positions, the rows after
+/// them position v + dropped[i]. Null (the default, and a caller's own
+/// tensors) means row == position.
 /// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, or fp8 read through scales; const for a read-only view)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
-struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Element>, Heads {
+struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Element>, detail::compacted_rows, Heads {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::contiguous;
@@ -80,19 +87,25 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
         return v;
     }
 
-    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return lengths[seq]; }
-    KVCACHE_HOST_DEVICE int visible_position(int, int i) const noexcept { return i; }
+    // dropped, kept_offsets, kept_positions: the compaction tables, from detail::compacted_rows.
+
+    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return this->stored_count(seq, lengths[seq]); }
+    KVCACHE_HOST_DEVICE int visible_position(int seq, int i) const noexcept { return this->position_at(seq, i); }
 
     /// Element offset of row (seq, kv_head, position) from keys (and from values).
     KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
-        return detail::slot_of(slots, seq) * slot_stride + kv_head * head_stride + position * position_stride;
+        return detail::slot_of(slots, seq) * slot_stride + kv_head * head_stride +
+               std::int64_t(this->row_of_position(seq, position)) * position_stride;
     }
 
-    /// Every position from visible_begin to the end is one run.
+    /// From visible_begin to the end, unless it starts in a compacted
+    /// sequence's kept rows: then no further than their positions stay consecutive.
     KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
-        const int n = lengths[seq], stride = static_cast<int>(position_stride);
-        if (visible_begin >= n) return this->no_rows(visible_begin, visible_begin, stride);
-        return this->rows_from(seq, kv_head, visible_begin, visible_begin, n - visible_begin, stride);
+        const int n = visible_count(seq), stride = static_cast<int>(position_stride);
+        const int p = visible_position(seq, visible_begin);
+        if (visible_begin >= n) return this->no_rows(visible_begin, p, stride);
+        return this->rows_from(seq, kv_head, visible_begin, p, this->consecutive_rows(seq, visible_begin, p, n - visible_begin),
+                               stride);
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return mask; }
@@ -106,6 +119,9 @@ struct contiguous_view : detail::view_rows<contiguous_view<Element, Heads>, Elem
                       "kvcache: with_elements changes only the elements' constness");
         auto v = contiguous_view<To, Heads>::strided(new_keys, new_values, lengths, sequences, capacity, slot_stride,
                                                      head_stride, position_stride, slots, this->head_counts());
+        v.dropped = dropped;
+        v.kept_offsets = kept_offsets;
+        v.kept_positions = kept_positions;
         v.mask = mask;
         v.scales = scales;
         v.sequence_ids = sequence_ids;

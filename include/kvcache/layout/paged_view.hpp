@@ -14,6 +14,7 @@
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/layout/detail/compacted_rows.hpp"
 #include "kvcache/layout/detail/view_rows.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
@@ -57,7 +58,7 @@ enum class page_order : int { head_major = 0, token_major = 1 };
 /// @tparam Heads a head_config
 /// @tparam Order the in-page order of rows
 template <class Element, class Heads, page_order Order = page_order::head_major>
-struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element>, Heads {
+struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element>, detail::compacted_rows, Heads {
     using element_type = Element;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::paged;
@@ -71,9 +72,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     const int* page_offsets = nullptr;  ///< sequences + 1 entries into page_indices
     const int* page_indices = nullptr;  ///< pool page ids, in position order per sequence
     const int* lengths = nullptr;       ///< tokens held by each batch entry
-    const int* dropped = nullptr;       ///< per batch entry: positions compaction removed; null: none in any entry
-    const int* kept_offsets = nullptr;  ///< with dropped: sequences + 1 entries into kept_positions
-    const int* kept_positions = nullptr;///< with dropped: the positions of each entry's leading kept rows, ascending
+    // dropped, kept_offsets, kept_positions: the compaction tables, from detail::compacted_rows.
     int sequences = 0;                  ///< batch entries
     int page_size = 1;                  ///< tokens per page (>= 1)
     int page_shift = 0;                 ///< log2(page_size) when a power of two, else -1
@@ -104,29 +103,12 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         return v;
     }
 
-    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept {
-        return dropped ? lengths[seq] - dropped[seq] : lengths[seq];
-    }
-    KVCACHE_HOST_DEVICE int visible_position(int seq, int i) const noexcept {
-        if (!dropped) return i;
-        const int first = kept_offsets[seq], kept = kept_offsets[seq + 1] - first;
-        return i < kept ? kept_positions[first + i] : i + dropped[seq];
-    }
+    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return this->stored_count(seq, lengths[seq]); }
+    KVCACHE_HOST_DEVICE int visible_position(int seq, int i) const noexcept { return this->position_at(seq, i); }
     /// Storage row (== visible index) of a present position: the position
     /// itself unless the sequence was compacted, then a binary search of its
     /// kept positions or, past them, position - dropped.
-    KVCACHE_HOST_DEVICE int stored_row(int seq, int position) const noexcept {
-        if (!dropped) return position;
-        const int first = kept_offsets[seq], kept = kept_offsets[seq + 1] - first;
-        if (position >= kept + dropped[seq]) return position - dropped[seq];
-        int low = 0, high = kept;
-        while (low < high) {
-            const int middle = (low + high) / 2;
-            if (kept_positions[first + middle] < position) low = middle + 1;
-            else high = middle;
-        }
-        return low;
-    }
+    KVCACHE_HOST_DEVICE int stored_row(int seq, int position) const noexcept { return this->row_of_position(seq, position); }
 
     /// Storage row / page_size (a shift for powers of two).
     KVCACHE_HOST_DEVICE int page_of(int row) const noexcept {
@@ -165,15 +147,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         const int p = visible_position(seq, visible_begin);
         if (visible_begin >= n) return this->no_rows(visible_begin, p, row_stride());
         const int to_page_end = page_size - row_of(visible_begin);
-        int count = n - visible_begin < to_page_end ? n - visible_begin : to_page_end;
-        if (dropped) {
-            const int first = kept_offsets[seq], kept = kept_offsets[seq + 1] - first;
-            if (visible_begin < kept) {  // kept rows: no run reaches past them (the owner keeps that true)
-                int c = 1;
-                while (c < count && visible_begin + c < kept && kept_positions[first + visible_begin + c] == p + c) ++c;
-                count = c;
-            }
-        }
+        const int count = this->consecutive_rows(seq, visible_begin, p, n - visible_begin < to_page_end ? n - visible_begin : to_page_end);
         position_run<Element> r = this->no_rows(visible_begin, p, row_stride());
         const std::int64_t at = row_offset(seq, kv_head, visible_begin);
         r.keys = this->keys + at;

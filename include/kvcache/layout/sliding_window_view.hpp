@@ -23,6 +23,11 @@ namespace kvcache {
 /// Present positions: [0, min(length, sinks)) and [max(sinks, length - ring), length).
 /// ring >= window so every key a query may see is present; with
 /// ring = window + chunk - 1, a chunk of new tokens still sees its own window.
+///
+/// Compacted sequences (sliding_window_cache::compact): with hole_offsets
+/// set, entry i's present positions hole_positions[hole_offsets[i] ..
+/// hole_offsets[i+1]) (ascending) are not visible; the other rows stay where
+/// the ring put them. Null (the default) means no holes in any entry.
 /// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, or fp8 read through scales; const for a read-only view)
 /// @tparam Heads a head_config
 template <class Element, class Heads>
@@ -44,6 +49,8 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
     int window = 1;                ///< W: a query sees keys newer than query - W (plus sinks)
     std::int64_t slot_stride = 0;  ///< elements between slots (>= kv_heads * head_stride)
     std::int64_t head_stride = 0;  ///< elements between KV heads of a slot (>= (sinks + ring) * head_dim)
+    const int* hole_offsets = nullptr;    ///< sequences + 1 offsets into hole_positions; null: no holes anywhere
+    const int* hole_positions = nullptr;  ///< with hole_offsets: each entry's present positions a compaction dropped, ascending
     kv_scales scales{};  ///< what stored keys and values are multiplied by when read (fp8); 1 and 1 for other types
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
 
@@ -78,13 +85,36 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
         const int from = lengths[seq] - ring;
         return from > sinks ? from : sinks;
     }
-    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept {
+    /// Present rows, holes included.
+    KVCACHE_HOST_DEVICE int present_count(int seq) const noexcept {
         const int n = lengths[seq];
         return sink_count(seq) + (n > sinks ? n - first_ring_position(seq) : 0);
     }
-    KVCACHE_HOST_DEVICE int visible_position(int seq, int i) const noexcept {
+    /// The j-th present position (holes included).
+    KVCACHE_HOST_DEVICE int present_position(int seq, int j) const noexcept {
         const int s = sink_count(seq);
-        return i < s ? i : first_ring_position(seq) + (i - s);
+        return j < s ? j : first_ring_position(seq) + (j - s);
+    }
+    /// Holes of the entry (present positions a compaction dropped).
+    KVCACHE_HOST_DEVICE int hole_count(int seq) const noexcept {
+        return hole_offsets ? hole_offsets[seq + 1] - hole_offsets[seq] : 0;
+    }
+    KVCACHE_HOST_DEVICE int visible_count(int seq) const noexcept { return present_count(seq) - hole_count(seq); }
+    /// Present index j = i + m, m the holes h_t with (present index of h_t) - t <= i
+    /// (nondecreasing in t, so a binary search).
+    KVCACHE_HOST_DEVICE int visible_position(int seq, int i) const noexcept {
+        const int k = hole_count(seq);
+        if (k == 0) return present_position(seq, i);
+        const int* holes = hole_positions + hole_offsets[seq];
+        const int s = sink_count(seq), ring_from = first_ring_position(seq);
+        int low = 0, high = k;
+        while (low < high) {
+            const int t = (low + high) / 2;
+            const int index = holes[t] < sinks ? holes[t] : s + (holes[t] - ring_from);
+            if (index - t <= i) low = t + 1;
+            else high = t;
+        }
+        return present_position(seq, i + low);
     }
 
     /// Storage row of a present position.
@@ -112,6 +142,16 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
             const int to_wrap = ring - (p - sinks) % ring;
             count = n - p < to_wrap ? n - p : to_wrap;
         }
+        if (hole_count(seq) > 0) {  // no further than the next hole
+            const int* holes = hole_positions + hole_offsets[seq];
+            int low = 0, high = hole_count(seq);
+            while (low < high) {
+                const int t = (low + high) / 2;
+                if (holes[t] < p) low = t + 1;
+                else high = t;
+            }
+            if (low < hole_count(seq) && holes[low] - p < count) count = holes[low] - p;
+        }
         return this->rows_from(seq, kv_head, visible_begin, p, count, row_elements<Element>(Heads::head_dim));
     }
 
@@ -128,6 +168,8 @@ struct sliding_window_view : detail::view_rows<sliding_window_view<Element, Head
                                                         window, this->head_counts());
         v.slot_stride = slot_stride;
         v.head_stride = head_stride;
+        v.hole_offsets = hole_offsets;
+        v.hole_positions = hole_positions;
         v.sequence_ids = sequence_ids;
         v.scales = scales;
         return v;

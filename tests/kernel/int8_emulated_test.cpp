@@ -20,6 +20,8 @@
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
 #include "kvcache/policy/key_norms.hpp"
+#include "support/backend_suite.hpp"
+#include "support/score_checks.hpp"
 
 using namespace kvcache;
 
@@ -230,6 +232,24 @@ TEST_CASE("int8 caches on the emulated kernels: MQA 3/1, head dim 264 (two piece
 
 TEST_CASE("int8 caches on the emulated kernels: zero rows and NaN rows as the reference reads them") {
     check_every_owner<head_config<4, 2, 32>>(special_rows{true});
+}
+
+TEST_CASE("int8 caches on the emulated kernels: the kernel suite's contexts (splits, soft cap, windows, explicit positions)") {
+    // The shared harness (tests/kernel/support): caches filled by the reference's append (quantise_row),
+    // every context of standard_cases(), the queries' type's tolerance (float 2e-5, half 1e-3 absolute,
+    // for outputs within [-1, 1]), append compared bit for bit, scale included; scores 1e-6 + 1e-4 relative.
+    using namespace kvcache_test;
+    const emulated_backend backend;
+    check_attention<contiguous_factory, qint8, suite_gqa, float>(backend, "emulated");
+    check_attention<paged_factory, qint8, suite_mqa, half>(backend, "emulated");
+    check_attention<sliding_window_factory, qint8, suite_mha, float>(backend, "emulated");
+    check_attention<paged_factory, qint8, dynamic_heads<32>, bfloat16>(backend, "emulated", dynamic_heads<32>{9, 1});
+    check_append<contiguous_factory, qint8, suite_mqa, half>(backend, "emulated");
+    check_append<paged_factory, qint8, suite_gqa, float>(backend, "emulated");
+    check_append<sliding_window_factory, qint8, head_config<5, 1, 56>, float>(backend, "emulated");
+    check_append<paged_factory, qint8, dynamic_heads<32>, bfloat16>(backend, "emulated", dynamic_heads<32>{6, 2});
+    check_scores<paged_factory, qint8, suite_gqa, float>(backend, "emulated");
+    check_scores<sliding_window_factory, qint8, suite_mqa, half>(backend, "emulated");
 }
 
 TEST_CASE("int8 key norms apply each row's scale") {

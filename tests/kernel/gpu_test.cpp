@@ -136,6 +136,26 @@ TEST_CASE("cuda backend matches the reference on every compiled configuration") 
     check_compiled(compiled::kvcache_kernel_gpu{});
 }
 
+TEST_CASE("cuda backend on int8 caches (int8_cuda_instantiations.cu) matches the reference") {
+    const std::string reason = missing_device();
+    if (!reason.empty()) {
+        std::printf("kvcache gpu int8 test skipped: %s\n", reason.c_str());
+        CHECK(!reason.empty());
+        return;
+    }
+    using paged = paged_factory_in<managed_buffer>;
+    using window = sliding_window_factory_in<managed_buffer>;
+    using gqa = head_config<8, 2, 64>;
+    check_attention<paged, qint8, gqa, half>(cuda_backend{}, "cuda");
+    check_append<paged, qint8, gqa, half>(cuda_backend{}, "cuda");
+    check_scores<paged, qint8, gqa, half>(cuda_backend{}, "cuda");
+    for (const dynamic_heads<32> counts : {dynamic_heads<32>(6, 2), dynamic_heads<32>(9, 1), dynamic_heads<32>(3, 3)}) {
+        check_attention<window, qint8, dynamic_heads<32>, float>(cuda_backend{}, "cuda", counts);
+        check_append<window, qint8, dynamic_heads<32>, float>(cuda_backend{}, "cuda", counts);
+        check_scores<window, qint8, dynamic_heads<32>, float>(cuda_backend{}, "cuda", counts);
+    }
+}
+
 TEST_CASE("cuda merge_states: empty states weigh nothing") {
     if (!missing_device().empty()) {
         CHECK(!missing_device().empty());

@@ -121,7 +121,6 @@ public:
     template <class Layout, class Input>
     void append(const append_params<Layout, Input>& p) const {
         kvcache::detail::check_call_append(p, false);
-        static_assert(!kvcache::detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         cuda::detail::instantiation<Layout, Input>::append(p.view, p.keys.data(), p.values.data(),
                                                            p.new_token_offsets.data(),
                                                            p.positions.empty() ? nullptr : p.positions.data(), stream_);
@@ -133,7 +132,6 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         kvcache::detail::check_call_decode(p);
-        static_assert(!kvcache::detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         cuda::detail::instantiation<Layout, Query>::decode(kvcache::detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(),
                                                            p.lse.empty() ? nullptr : p.lse.data(), p.options,
                                                            kvcache::detail::score_request_of(p.scores, p.score_stride), workspace_, stream_);
@@ -145,7 +143,6 @@ public:
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         kvcache::detail::check_call_prefill(p, false);
-        static_assert(!kvcache::detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         cuda::detail::instantiation<Layout, Query>::prefill(
             kvcache::detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),

@@ -47,7 +47,6 @@ public:
     template <class Layout, class Input>
     void append(const append_params<Layout, Input>& p) const {
         detail::check_call_append(p, true);
-        static_assert(!detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         emulated::detail::emulated_launcher launcher{options_};
         detail::run_append(launcher, p.view, p.keys.data(), p.values.data(), p.new_token_offsets.data(),
                            p.positions.empty() ? nullptr : p.positions.data());
@@ -59,7 +58,6 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
-        static_assert(!detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         emulated::detail::emulated_launcher launcher{options_};
         detail::run_decode(launcher, detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(), p.lse.empty() ? nullptr : p.lse.data(),
                            p.options, detail::score_request_of(p.scores, p.score_stride));
@@ -71,7 +69,6 @@ public:
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
-        static_assert(!detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         emulated::detail::emulated_launcher launcher{options_};
         detail::run_prefill(launcher, detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
                             p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),

@@ -2,13 +2,20 @@
 // the positions the caller gives; space already reserved by the owner) into the layout, 8 elements per
 // access, converting between the input and the storage element type (into fp8:
 // divided by the layer's scale, then rounded to nearest even and saturated, as
-// the host backends write it).
+// the host backends write it). Into int8 (qint8) a warp takes a whole row:
+// its max|x| is a warp reduction, and the row comes out as core's
+// quantise_row writes it, bit for bit (a max and a division are exact
+// whichever lane computes them).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
+#include "kvcache/core/half.hpp"
+#include "kvcache/core/int8.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
 #include "kvcache/kernels/new_tokens.hpp"
@@ -17,7 +24,8 @@
 namespace kvcache {
 
 /// The append body. Grid: (any x, kv_heads, batch); blocks along x share a
-/// sequence's tokens. Positions the layout already dropped are skipped.
+/// sequence's tokens (8 elements per thread; for qint8 a row per warp).
+/// Positions the layout already dropped are skipped.
 /// @tparam Layout a layout view
 /// @tparam Input float, kvcache::half or kvcache::bfloat16
 template <class Layout, class Input>
@@ -37,6 +45,15 @@ struct append_kernel {
         const int length = p.view.length(sequence);
         // Explicit positions may name any present position: each is checked on its own.
         const int first = p.positions ? 0 : detail::first_present_new_token(p.view, sequence, tokens);
+        if constexpr (detail::has_row_scale_v<element>) quantise_rows(ctx, p, kv, sequence, tokens, length, first);
+        else convert_pieces(ctx, p, kv, sequence, tokens, length, first);
+    }
+
+private:
+    // Token rows [first, tokens) of (sequence, kv), 8 elements per thread.
+    template <class Context>
+    KVCACHE_HOST_DEVICE static void convert_pieces(Context& ctx, const append_kernel_params<Layout, Input>& p, int kv,
+                                                   int sequence, int tokens, int length, int first) {
         const int items = (tokens - first) * chunks;
         const int stride = ctx.grid_size().x * block_threads;
         const kv_scales scales = scales_of(p.view);
@@ -55,7 +72,58 @@ struct append_kernel {
         }
     }
 
-private:
+    static constexpr int warps = block_threads / 32;
+    static constexpr int lane_chunks = (chunks + 31) / 32;  // 8-element pieces of a row per lane
+
+    // Token rows [first, tokens) of (sequence, kv), one warp per token: its key row then its value row.
+    template <class Context>
+    KVCACHE_HOST_DEVICE static void quantise_rows(Context& ctx, const append_kernel_params<Layout, Input>& p, int kv,
+                                                  int sequence, int tokens, int length, int first) {
+        const int warp_stride = ctx.grid_size().x * warps;
+        // The bounds and the skip below are the same for every lane of a warp, so its collectives stay whole.
+        for (int t = first + ctx.block_index().x * warps + ctx.warp(); t < tokens; t += warp_stride) {
+            const int row = p.new_token_offsets[sequence] + t;
+            const int position = p.positions ? p.positions[row] : length - tokens + t;
+            if (p.positions && !detail::is_present(p.view, sequence, position)) continue;
+            const std::size_t source = (std::size_t(row) * p.view.kv_heads() + kv) * heads::head_dim;
+            quantise_row_of_warp(ctx, p.keys + source, p.view.key(sequence, kv, position));
+            quantise_row_of_warp(ctx, p.values + source, p.view.value(sequence, kv, position));
+        }
+    }
+
+    // quantise_row (core/int8.hpp) with the row spread over a warp: scale = max|x| / 127, each value
+    // x / scale rounded to nearest even and clamped to [-127, 127]; a zero row stores scale 0 and a
+    // row holding a NaN or an infinity stores zeros and core's quiet NaN as its scale.
+    template <class Context>
+    KVCACHE_HOST_DEVICE static void quantise_row_of_warp(Context& ctx, const Input* in, element* out) {
+        const int lane = ctx.lane();
+        float x[lane_chunks][8] = {};  // zeroed: g++ cannot see that pieces past head_dim are never read
+        float largest = 0.0f;
+        bool finite = true;
+        KVCACHE_UNROLL
+        for (int k = 0; k < lane_chunks; ++k) {
+            const int c = (lane + 32 * k) * 8;
+            if (c >= heads::head_dim) continue;
+            detail::load8(ctx, in + c, x[k]);
+            for (int j = 0; j < 8; ++j) {
+                const float a = fabsf(x[k][j]);
+                if (!(a <= 3.402823466e38f)) finite = false;  // NaN and infinities both fail
+                else if (a > largest) largest = a;
+            }
+        }
+        largest = ctx.warp_max(largest);
+        finite = !ctx.warp_any(!finite);
+        const bool zeros = !finite || largest == 0.0f;
+        const float scale = largest / 127.0f;
+        KVCACHE_UNROLL
+        for (int k = 0; k < lane_chunks; ++k) {
+            const int c = (lane + 32 * k) * 8;
+            if (c >= heads::head_dim) continue;
+            for (int j = 0; j < 8; ++j) out[c + j] = zeros ? qint8{} : from_float<qint8>(x[k][j] / scale);
+        }
+        if (lane == 0) set_row_scale(out, heads::head_dim, !finite ? detail::bits_to_float(0x7fc00000u) : zeros ? 0.0f : scale);
+    }
+
     // A division, not a multiply by the reciprocal: the stored byte is then
     // the one from_float_scaled gives, so every backend writes the same cache.
     template <class Context>

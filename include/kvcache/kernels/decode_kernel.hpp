@@ -47,7 +47,8 @@ struct decode_kernel {
     static constexpr int tile = attention_tile_keys(dim);
     // A dynamic block's rows are heads of one token: each row is its own "token" of the tile, so
     // rows past the group's end are masked the way tokens past a tile's end are.
-    using tile_step = detail::attention_tile<group, compiled_group ? group : 1, dim, tile, block_threads>;
+    using tile_step = detail::attention_tile<group, compiled_group ? group : 1, dim, tile, block_threads,
+                                            detail::has_row_scale_v<element>>;
     static constexpr int per_thread = tile_step::per_thread;
     /// Dynamic shared memory a launch needs.
     static constexpr std::size_t shared_bytes = tile_step::shared_bytes;

@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "kvcache/core/config.hpp"
+#include "kvcache/core/int8.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
 #include "kvcache/kernels/softmax_math.hpp"
@@ -47,6 +48,7 @@ struct scores_kernel {
             detail::load8(ctx, stored + c, x);
             for (int j = 0; j < 8; ++j) key[c + j] = x[j];
         }
+        const float key_scale = row_scale_of(stored, dim);  // an int8 row's own scale; 1 for every other type
         const int first_token = p.query_offsets ? p.query_offsets[sequence] : sequence;
         const int tokens = p.query_offsets ? p.query_offsets[sequence + 1] - first_token : 1;
         const int skipped = p.request.queries > 0 && tokens > p.request.queries ? tokens - p.request.queries : 0;
@@ -67,7 +69,7 @@ struct scores_kernel {
                     detail::load8(ctx, query + c, x);
                     for (int j = 0; j < 8; ++j) dot += x[j] * p.scale * key[c + j];
                 }
-                total += ::expf(detail::apply_soft_cap(dot, p.soft_cap) - lse);
+                total += ::expf(detail::apply_soft_cap(dot * key_scale, p.soft_cap) - lse);
             }
         }
         *out = total;

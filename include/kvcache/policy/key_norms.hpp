@@ -16,7 +16,7 @@ namespace kvcache {
 
 /// norms[(b x kv_heads + h) x stride + i] = the L2 norm of the key row at
 /// visible index i of sequence b, KV head h, read through the view's scales
-/// (an fp8 cache's key scale); entries past the visible count are 0. The
+/// (an fp8 cache's key scale, an int8 row's own scale); entries past the visible count are 0. The
 /// view is host memory; norms holds batch x kv_heads x stride floats and
 /// stride is at least every visible count.
 /// @tparam Layout a layout view over host memory
@@ -47,7 +47,7 @@ void key_norms(const Layout& view, span<float> norms, int stride) {
                     const double x = double(to_float(key[d]));
                     sum += x * x;
                 }
-                out[i] = float(std::sqrt(sum) * scale);
+                out[i] = float(std::sqrt(sum) * scale * row_scale_of(key, dim));  // an int8 row's scale; 1 otherwise
             }
             std::fill(out + visible, out + stride, 0.0f);
         }

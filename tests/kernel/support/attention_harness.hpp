@@ -295,7 +295,7 @@ void check_append(const Backend& backend, const std::string& backend_name, const
                 for (int i = 0; i < view.visible_count(b); ++i) {
                     const int p = view.visible_position(b, i);
                     for (int h = 0; h < counts.kv_heads(); ++h)
-                        for (int d = 0; d < Heads::head_dim; ++d) {
+                        for (int d = 0; d < row_elements<Element>(Heads::head_dim); ++d) {  // an int8 row's scale too
                             mismatches += std::memcmp(&view.key(b, h, p)[d], &expected_view.key(b, h, p)[d], sizeof(Element)) != 0;
                             mismatches += std::memcmp(&view.value(b, h, p)[d], &expected_view.value(b, h, p)[d], sizeof(Element)) != 0;
                         }

@@ -52,7 +52,7 @@ struct contiguous_factory_in {
         std::vector<int> slots;
         for (int i = 0; i < n; ++i) slots.push_back(n - 1 - i);
         o->slots = int_buffer<Buffer>(slots);
-        const std::size_t elements = std::size_t(n) * heads.kv_heads() * o->capacity * Heads::head_dim;
+        const std::size_t elements = std::size_t(n) * heads.kv_heads() * o->capacity * kvcache::row_elements<Element>(Heads::head_dim);
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;
@@ -97,7 +97,7 @@ struct paged_factory_in {
         std::mt19937 random(seed);
         std::shuffle(order.begin(), order.end(), random);
         o->pages = int_buffer<Buffer>(std::vector<int>(order.begin(), order.begin() + needed));
-        const std::size_t elements = std::size_t(pool) * heads.kv_heads() * o->page_size * Heads::head_dim;
+        const std::size_t elements = std::size_t(pool) * heads.kv_heads() * o->page_size * kvcache::row_elements<Element>(Heads::head_dim);
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;
@@ -137,7 +137,7 @@ struct sliding_window_factory_in {
         std::vector<int> slots;
         for (int i = 0; i < n; ++i) slots.push_back((i + 1) % n);
         o->slots = int_buffer<Buffer>(slots);
-        const std::size_t elements = std::size_t(n) * heads.kv_heads() * (o->sinks + o->ring) * Heads::head_dim;
+        const std::size_t elements = std::size_t(n) * heads.kv_heads() * (o->sinks + o->ring) * kvcache::row_elements<Element>(Heads::head_dim);
         o->keys = Buffer<Element>(elements);
         o->values = Buffer<Element>(elements);
         return o;

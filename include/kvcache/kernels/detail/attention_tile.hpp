@@ -3,6 +3,10 @@
 // a layout run) through shared memory, scores it against the block's query rows,
 // folds it into each row's online softmax (FP32) and into the accumulators.
 // Row r is head r % Group of token r / Group; decode holds one token (Rows == Group).
+// int8 rows (RowScales) are widened to their integers in the tile; each row's
+// scale goes to shared memory beside the tile and is applied once per (query
+// row, key): a key's multiplies its logit, a value's its softmax weight (the
+// running sum keeps the unscaled weight).
 #pragma once
 
 #include <cmath>
@@ -45,7 +49,8 @@ KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE float output_scale(const Layout& view) 
 /// @tparam Dim head dimension (a multiple of 8)
 /// @tparam Tile keys per shared-memory tile (at most 32: one key per lane)
 /// @tparam BlockThreads threads per block
-template <int Rows, int Group, int Dim, int Tile, int BlockThreads>
+/// @tparam RowScales true when every stored row carries its own scale (qint8)
+template <int Rows, int Group, int Dim, int Tile, int BlockThreads, bool RowScales = false>
 struct attention_tile {
     static constexpr int pitch = Dim + 1;  // key rows padded: the score loop reads a column across lanes
     static constexpr int per_thread = (Rows * Dim + BlockThreads - 1) / BlockThreads;
@@ -61,8 +66,11 @@ struct attention_tile {
     /// then the lowest and the highest: read from shared memory, so explicit and
     /// consecutive positions cost the same registers.
     static constexpr std::size_t position_offset = align16(stats_offset + sizeof(float) * 3 * Rows);
+    /// The tile's row scales (RowScales only): Tile key scales, then Tile value scales.
+    static constexpr std::size_t row_scale_offset = align16(position_offset + sizeof(int) * (Rows + 2));
     /// Dynamic shared memory a launch needs.
-    static constexpr std::size_t shared_bytes = align16(position_offset + sizeof(int) * (Rows + 2));
+    static constexpr std::size_t shared_bytes =
+        RowScales ? align16(row_scale_offset + sizeof(float) * 2 * Tile) : row_scale_offset;
 
     /// Every row's running max to -inf and sum to 0; this thread's accumulators to 0.
     /// The caller syncs the block before the first step.
@@ -89,13 +97,22 @@ struct attention_tile {
                                                               Scores& scores, Stats& stats,
                                                               float (&accumulators)[per_thread]) {
         const int thread = ctx.thread_index(), lane = ctx.lane(), warp = ctx.warp(), warps = ctx.warp_count();
+        auto row_scales = ctx.template shared_array<float>(row_scale_offset, RowScales ? 2 * Tile : 0);
         for (int i = thread; i < n * (Dim / 8); i += BlockThreads) {
             const int t = i / (Dim / 8), c = (i % (Dim / 8)) * 8;
+            const Element* key = run.keys + std::size_t(t) * run.stride;
+            const Element* value = run.values + std::size_t(t) * run.stride;
             float x[8];
-            load8(ctx, run.keys + std::size_t(t) * run.stride + c, x);
+            load8(ctx, key + c, x);
             for (int j = 0; j < 8; ++j) keys[t * pitch + c + j] = x[j];
-            load8(ctx, run.values + std::size_t(t) * run.stride + c, x);
+            load8(ctx, value + c, x);
             for (int j = 0; j < 8; ++j) values[t * Dim + c + j] = x[j];
+            if constexpr (RowScales) {
+                if (c == 0) {  // the thread of the row's first piece
+                    row_scales[t] = row_scale_of(key, Dim);
+                    row_scales[Tile + t] = row_scale_of(value, Dim);
+                }
+            }
         }
         ctx.sync_block();
         for (int i = thread; i < Rows * Tile; i += BlockThreads) {
@@ -104,6 +121,7 @@ struct attention_tile {
             if (t < n && token < tokens && visibility.allows(positions[token], run.first_position + t)) {
                 float dot = 0.0f;
                 for (int d = 0; d < Dim; ++d) dot += queries[r * Dim + d] * keys[t * pitch + d];
+                if constexpr (RowScales) dot *= row_scales[t];
                 score = apply_soft_cap(dot, soft_cap);
             }
             scores[i] = score;
@@ -116,7 +134,13 @@ struct attention_tile {
             const float new_max = block_max > old_max ? block_max : old_max;
             const float weight = exp_difference(score, new_max);
             const float sum = ctx.warp_sum(weight);
-            if (lane < Tile) scores[r * Tile + lane] = weight;
+            if constexpr (RowScales) {
+                // A weight of 0 (a key this row does not see, a slot past the tile) stays 0: a
+                // NaN scale (a row that held a NaN) must not reach rows that never see it.
+                if (lane < Tile) scores[r * Tile + lane] = weight != 0.0f ? weight * row_scales[Tile + lane] : 0.0f;
+            } else {
+                if (lane < Tile) scores[r * Tile + lane] = weight;
+            }
             if (lane == 0) {
                 const float rescale = exp_difference(old_max, new_max);
                 stats[r] = new_max;
@@ -138,7 +162,9 @@ struct attention_tile {
         ctx.sync_block();
     }
 
-    /// Normalised outputs into the query buffer (rows with no visible key give 0), then a block sync.
+    /// Normalised outputs into the query buffer (rows with no visible key give 0;
+    /// a NaN sum, from a visible key that read as NaN, gives NaN as the reference
+    /// does), then a block sync.
     template <class Context, class Queries, class Stats>
     KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static void normalise(Context& ctx, Queries& queries, Stats& stats,
                                                                    const float (&accumulators)[per_thread]) {
@@ -148,16 +174,17 @@ struct attention_tile {
             const int j = thread + k * BlockThreads;
             if (j < Rows * Dim) {
                 const float sum = stats[Rows + j / Dim];
-                queries[j] = sum > 0.0f ? accumulators[k] / sum : 0.0f;
+                queries[j] = sum == 0.0f ? 0.0f : accumulators[k] / sum;
             }
         }
         ctx.sync_block();
     }
 
-    /// Row r's log-sum-exp of its scores; -inf when it saw no key.
+    /// Row r's log-sum-exp of its scores; -inf when it saw no key, NaN when a score was NaN.
     template <class Stats>
     KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static float log_sum_exp(Stats& stats, int r) {
-        return kvcache::detail::log_sum_exp(stats[r], stats[Rows + r]);
+        const float sum = stats[Rows + r];
+        return sum != sum ? sum : kvcache::detail::log_sum_exp(stats[r], sum);
     }
 };
 

@@ -100,6 +100,16 @@ TEST_CASE("int8 rows: the zero row stores scale 0, ties round to even") {
     CHECK(tied[3].bits == -2);
 }
 
+TEST_CASE("int8 rows: a row whose max / 127 underflows stores zeros and scale 0, not NaN casts") {
+    std::vector<float> tiny(head_dim, 0.0f);
+    tiny[3] = std::numeric_limits<float>::denorm_min() * 50.0f;  // / 127 is below half the smallest subnormal: 0
+    tiny[5] = -std::numeric_limits<float>::denorm_min();
+    REQUIRE(tiny[3] / 127.0f == 0.0f);
+    const std::vector<qint8> stored = quantise(tiny);
+    CHECK(kvcache::row_scale_of(stored.data(), head_dim) == 0.0f);
+    for (int d = 0; d < head_dim; ++d) CHECK(stored[d].bits == 0);
+}
+
 TEST_CASE("int8 rows: any NaN or infinity makes the row's scale NaN") {
     for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                       -std::numeric_limits<float>::infinity()}) {

@@ -104,8 +104,8 @@ inline constexpr bool is_scaled_element_v = std::is_same_v<Element, float8_e4m3>
 
 /// The activation type (queries, outputs, new rows) that goes with a stored
 /// element type where one must be chosen (the CUDA instantiations): the type
-/// itself for float, half and bfloat16; half for fp8, whose caches sit under
-/// 16-bit activations.
+/// itself for float, half and bfloat16; half for fp8 and int8, whose caches
+/// sit under 16-bit activations.
 /// @tparam Element a stored element type
 template <class Element>
 struct default_activation {
@@ -114,6 +114,11 @@ struct default_activation {
 /// @tparam Encoding detail::e4m3_encoding or detail::e5m2_encoding
 template <class Encoding>
 struct default_activation<detail::fp8<Encoding>> {
+    using type = half;
+};
+/// int8 caches sit under 16-bit activations, as fp8 ones do.
+template <>
+struct default_activation<qint8> {
     using type = half;
 };
 /// default_activation's type.

@@ -58,7 +58,8 @@ KVCACHE_HOST_DEVICE inline void set_row_scale(qint8* row, int head_dim, float sc
 
 /// Quantises one row of head_dim values (already widened to float) into a
 /// qint8 row: scale = max|x| / 127, q = x / scale rounded to nearest even and
-/// clamped to [-127, 127]. An all-zero row stores scale 0 (reads back zeros).
+/// clamped to [-127, 127]. An all-zero row stores scale 0 (reads back zeros), and
+/// so does a row so small that max|x| / 127 underflows to 0.
 /// A row holding any NaN or infinity stores scale NaN and zero values, so the
 /// whole row reads as NaN and attention propagates it as a 16-bit cache would;
 /// it never silently becomes a finite number.
@@ -81,6 +82,11 @@ KVCACHE_HOST_DEVICE inline void quantise_row(Widen widen, int head_dim, qint8* o
         return;
     }
     const float scale = largest / 127.0f;
+    if (scale == 0.0f) {  // largest below 127 * the smallest subnormal: the row reads as zeros
+        for (int d = 0; d < head_dim; ++d) out[d].bits = 0;
+        set_row_scale(out, head_dim, 0.0f);
+        return;
+    }
     for (int d = 0; d < head_dim; ++d) {
         // rintf rounds to nearest even under the default rounding mode (host and device).
         float q = ::rintf(widen(d) / scale);

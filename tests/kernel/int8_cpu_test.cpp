@@ -159,14 +159,20 @@ void check_owner(MakeCache make, MakeFloatCache make_float, const std::string& n
         MESSAGE(name, " int8 decode: kernel error ", kernel_error / value_range, ", format error ",
                 format_error / value_range, " (of the largest |value|)");
     }
-    {  // prefill: every appended token queries the cache, causally
+    {  // prefill: every appended token queries the cache, causally; scores too
+        const int stride = *std::max_element(lengths.begin(), lengths.end());
         std::vector<float> out(queries.size()), on_cache(out.size()), on_floats(out.size());
         std::vector<float> lse(std::size_t(total) * qh), lse_on_cache(lse.size());
+        std::vector<float> scores(lengths.size() * kv * stride), scores_on_cache(scores.size());
         prefill_params p(plan.view(layer), span<const float>(queries), plan.new_token_offsets(), span<float>(out));
         p.lse = lse;
+        p.scores = scores;
+        p.score_stride = stride;
         cpu.prefill(p);
         prefill_params r(plan.view(layer), span<const float>(queries), plan.new_token_offsets(), span<float>(on_cache));
         r.lse = lse_on_cache;
+        r.scores = scores_on_cache;
+        r.score_stride = stride;
         reference_backend{}.prefill(r);
         reference_backend{}.prefill(prefill_params(float_plan.view(layer), span<const float>(queries),
                                                    float_plan.new_token_offsets(), span<float>(on_floats)));
@@ -174,6 +180,8 @@ void check_owner(MakeCache make, MakeFloatCache make_float, const std::string& n
         CHECK_MESSAGE(kernel_error <= kernel_bound * value_range, name, " prefill");
         CHECK_MESSAGE(format_error <= format_bound * value_range, name, " prefill");
         for (std::size_t i = 0; i < lse.size(); ++i) CHECK(lse[i] == doctest::Approx(lse_on_cache[i]).epsilon(1e-5));
+        // Summed over up to 41 query tokens x the group; float against double.
+        CHECK(largest_difference(scores, scores_on_cache) <= 1e-4);
         MESSAGE(name, " int8 prefill: kernel error ", kernel_error / value_range, ", format error ",
                 format_error / value_range);
     }

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "kvcache/core/element.hpp"
+#include "kvcache/core/int8.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache::bench {
@@ -24,16 +25,24 @@ struct attention_shape {
     int page_size = 16;    ///< tokens per page (paged layout only)
 };
 
-/// Bytes of one query/output element: the cache's type, half for an fp8
-/// cache (default_activation_t), float for fp32.
+/// Bytes of one query/output element: the cache's type, half for an fp8 or
+/// int8 cache (both sit under 16-bit activations), float for fp32.
 inline std::size_t activation_size(element_kind element) noexcept {
-    return is_scaled_kind(element) ? 2 : static_cast<std::size_t>(element_size(element));
+    return is_scaled_kind(element) || element == element_kind::int8 ? 2 : static_cast<std::size_t>(element_size(element));
 }
 
-/// Bytes of K and V one decode step reads: every visible row of every KV head, once.
+/// Bytes of one stored K or V row as the cache holds it: head_dim elements,
+/// and for int8 the row's float scale after them (row_elements in core/int8.hpp).
+inline std::size_t stored_row_bytes(element_kind element, int head_dim) noexcept {
+    const std::size_t scale = element == element_kind::int8 ? std::size_t(qint8_scale_bytes) : 0;
+    return std::size_t(head_dim) * static_cast<std::size_t>(element_size(element)) + scale;
+}
+
+/// Bytes of K and V one decode step reads: every visible row of every KV
+/// head, once, as stored (an int8 row's scale included).
 inline std::size_t decode_kv_bytes(const attention_shape& s) noexcept {
-    return std::size_t(s.batch) * std::size_t(s.visible) * 2 * std::size_t(s.kv_heads) * std::size_t(s.head_dim) *
-           static_cast<std::size_t>(element_size(s.element));
+    return std::size_t(s.batch) * std::size_t(s.visible) * 2 * std::size_t(s.kv_heads) *
+           stored_row_bytes(s.element, s.head_dim);
 }
 
 /// Bytes a decode step moves at least: K/V (decode_kv_bytes), the fp8 scales
@@ -51,10 +60,11 @@ inline std::size_t decode_bytes(const attention_shape& s) noexcept {
 }
 
 /// Bytes an append of `tokens` new rows per sequence moves: the K and V rows
-/// read in the activation type and written in the stored type.
+/// read in the activation type and written in the stored type (an int8
+/// row's scale included).
 inline std::size_t append_bytes(const attention_shape& s, int tokens) noexcept {
-    const std::size_t rows = std::size_t(s.batch) * std::size_t(tokens) * 2 * std::size_t(s.kv_heads) * std::size_t(s.head_dim);
-    return rows * (activation_size(s.element) + static_cast<std::size_t>(element_size(s.element)));
+    const std::size_t rows = std::size_t(s.batch) * std::size_t(tokens) * 2 * std::size_t(s.kv_heads);
+    return rows * (std::size_t(s.head_dim) * activation_size(s.element) + stored_row_bytes(s.element, s.head_dim));
 }
 
 /// Keys a causal chunk of `chunk` queries after `prefix` cached tokens sees

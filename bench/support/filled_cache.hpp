@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -50,19 +51,22 @@ struct filled_cache {
 
     /// The view of layer 0 over the batch: the plan's, so views of several filled caches coexist.
     typename Cache::view_type view() const { return plan.view(0); }
-    /// Bytes of K and V a decode step over the batch reads.
+    /// Bytes of K and V a decode step over the batch reads, as stored (an int8 row's scale included).
     std::size_t kv_bytes() const {
-        return std::size_t(batch.size()) * std::size_t(visible) * 2 * Cache::heads::kv_heads() * Cache::heads::head_dim *
-               sizeof(typename Cache::element_type);
+        using element = typename Cache::element_type;
+        return std::size_t(batch.size()) * std::size_t(visible) * 2 * Cache::heads::kv_heads() *
+               std::size_t(row_elements<element>(Cache::heads::head_dim)) * sizeof(element);
     }
 };
 
 namespace detail {
 
-/// Writes every present row of each sequence from one random source.
+/// Writes every present row of each sequence from one random source (an
+/// int8 cache takes the float rows and quantises each with its own scale).
 template <class Cache>
 void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int rows_per_sequence) {
-    using element = typename Cache::element_type;
+    using stored = typename Cache::element_type;
+    using element = std::conditional_t<std::is_same_v<stored, qint8>, float, stored>;
     constexpr std::size_t row = std::size_t(Cache::heads::kv_heads()) * Cache::heads::head_dim;
     const std::vector<float> floats = random_floats(std::size_t(rows_per_sequence) * row * 2, 42);
     std::vector<element> keys(std::size_t(rows_per_sequence) * row), values(keys.size());
@@ -87,7 +91,7 @@ void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int
 }  // namespace detail
 
 /// Contiguous (static) cache: batch slots of exactly `context` positions.
-/// @tparam Element float, kvcache::half, kvcache::bfloat16 or an fp8 type
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type or kvcache::qint8
 /// @tparam Heads a head_config with compiled counts
 template <class Element, class Heads = bench_heads>
 filled_cache<static_cache<Element, Heads>> make_contiguous(int batch, int context) {
@@ -105,7 +109,7 @@ filled_cache<static_cache<Element, Heads>> make_contiguous(int batch, int contex
 
 /// Paged cache (16-token pages unless told) handed out round-robin across the
 /// batch (as a server interleaves requests), so a sequence's pages are not adjacent.
-/// @tparam Element float, kvcache::half, kvcache::bfloat16 or an fp8 type
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type or kvcache::qint8
 /// @tparam Heads a head_config with compiled counts
 template <class Element, class Heads = bench_heads>
 filled_cache<paged_cache<Element, Heads>> make_paged(int batch, int context, int page_size = bench_page_size) {
@@ -124,7 +128,7 @@ filled_cache<paged_cache<Element, Heads>> make_paged(int batch, int context, int
 /// Sliding-window cache whose decode query sees `visible` keys (4 sinks plus
 /// a window of visible - 4), generated past the ring's end so the ring has
 /// wrapped: each sequence's keys come in three runs (sinks, ring tail, ring head).
-/// @tparam Element float, kvcache::half, kvcache::bfloat16 or an fp8 type
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type or kvcache::qint8
 template <class Element>
 filled_cache<sliding_window_cache<Element, bench_heads>> make_sliding_window(int batch, int visible) {
     filled_cache<sliding_window_cache<Element, bench_heads>> out;

@@ -25,6 +25,20 @@ TEST_CASE("decode bytes: contiguous fp8 MQA 32/1 d128 carries its scales and hal
     CHECK(decode_bytes(s) == 278540ull);
 }
 
+TEST_CASE("decode bytes: paged int8 GQA 32/8 d128 counts each row's scale and half queries") {
+    const attention_shape s{layout_kind::paged, element_kind::int8, 1, 32, 8, 128, 16384, 16};
+    // K/V 1*16384*2*8*(128 + 4) = 34603008 (fp16: 1*16384*2*8*128*2 = 67108864, 1.94x);
+    // Q+O 2*32*128*2 = 16384; length 4; page table (16384/16)*4 = 4096.
+    CHECK(decode_kv_bytes(s) == 34603008ull);
+    CHECK(decode_bytes(s) == 34623492ull);
+}
+
+TEST_CASE("append bytes: int8 rows read as half, written with their scales") {
+    const attention_shape s{layout_kind::contiguous, element_kind::int8, 1, 8, 8, 128, 0, 16};
+    // 1 sequence * 10 tokens * 2 (K, V) * 8 heads * (128*2 read + 128 + 4 written) = 62080.
+    CHECK(append_bytes(s, 10) == 62080ull);
+}
+
 TEST_CASE("decode bytes: sliding-window fp32 MHA 32/32 d64 has no page table") {
     const attention_shape s{layout_kind::sliding_window, element_kind::fp32, 8, 32, 32, 64, 4096, 16};
     // K/V 8*4096*2*32*64*4 = 536870912; Q+O 2*8*32*64*4 = 131072; lengths 32.

@@ -7,6 +7,7 @@
 #include "kvcache/backend/cpu/thread_pool.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
+#include "kvcache/core/int8.hpp"
 #include "kvcache/kernels/new_tokens.hpp"
 
 namespace kvcache {
@@ -37,7 +38,11 @@ void append(thread_pool& pool, const Layout& view, const Input* keys, const Inpu
             const std::size_t source = (std::size_t(row) * view.kv_heads() + kv) * dim;
             element* key = view.key(b, kv, position);
             element* value = view.value(b, kv, position);
-            if constexpr (std::is_same_v<element, Input>) {
+            if constexpr (std::is_same_v<element, qint8>) {
+                // Each row gets its own scale, exactly as the owners' append quantises it.
+                quantise_row([&](int d) { return to_float(keys[source + std::size_t(d)]); }, dim, key);
+                quantise_row([&](int d) { return to_float(values[source + std::size_t(d)]); }, dim, value);
+            } else if constexpr (std::is_same_v<element, Input>) {
                 for (int d = 0; d < dim; ++d) key[d] = keys[source + d];
                 for (int d = 0; d < dim; ++d) value[d] = values[source + d];
             } else {

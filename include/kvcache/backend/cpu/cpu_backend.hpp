@@ -41,7 +41,6 @@ public:
     template <class Layout, class Input>
     void append(const append_params<Layout, Input>& p) const {
         detail::check_call_append(p, true);
-        static_assert(!detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         cpu::detail::append(*pool_, p.view, p.keys.data(), p.values.data(), p.new_token_offsets.data(),
                             p.positions.empty() ? nullptr : p.positions.data());
     }
@@ -53,7 +52,6 @@ public:
     template <class Layout, class Query>
     void decode(const decode_params<Layout, Query>& p) const {
         detail::check_call_decode(p);
-        static_assert(!detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         cpu::detail::decode(*pool_, detail::masked(p.view, p.options), p.queries.data(), p.outputs.data(),
                             p.lse.empty() ? nullptr : p.lse.data(), p.options,
                             p.scores.empty() ? nullptr : p.scores.data(), p.score_stride);
@@ -65,7 +63,6 @@ public:
     template <class Layout, class Query>
     void prefill(const prefill_params<Layout, Query>& p) const {
         detail::check_call_prefill(p, true);
-        static_assert(!detail::is_int8_view_v<Layout>, "kvcache: int8 (qint8) caches run on the reference backend only so far (issue 14)");
         if (p.view.sequence_count() == 0) return;
         cpu::detail::prefill(*pool_, detail::masked(p.view, p.options), p.queries.data(), p.query_offsets.data(),
                              p.query_positions.empty() ? nullptr : p.query_positions.data(), p.outputs.data(),

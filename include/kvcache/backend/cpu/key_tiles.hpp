@@ -15,6 +15,7 @@
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
 #include "kvcache/core/error.hpp"
+#include "kvcache/core/int8.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache {
@@ -106,21 +107,45 @@ private:
     int used_ = 0;
 };
 
-/// Asks the cache for every line of the tile's K and V rows.
+/// Asks the cache for every line of the tile's K and V rows (a qint8 row's
+/// scale included: its 4 bytes after the values may start a line of their own).
 template <int Dim, class Element>
 void prefetch_tile(const key_tile<Element>& tile) {
     constexpr int line_elements = int(64 / sizeof(Element));
     for (int t = 0; t < tile.count; ++t)
-        for (int d = 0; d < Dim; d += line_elements) {
+        for (int d = 0; d < row_elements<Element>(Dim); d += line_elements) {
             prefetch(tile.keys[t] + d);
             prefetch(tile.values[t] + d);
         }
 }
 
+/// True for a stored type whose rows carry their own scale (qint8): the
+/// kernels widen such rows unscaled and apply each row's scale once.
+/// @tparam Element the stored element type
+template <class Element>
+inline constexpr bool has_row_scales_v = std::is_same_v<Element, qint8>;
+
+/// The scales of a tile's K and V rows, every slot (padding repeats the last row's).
+struct tile_scales {
+    float keys[tile_keys];
+    float values[tile_keys];
+};
+
+/// Reads the scale stored after each of the tile's K and V rows (qint8 tiles only).
+template <int Dim>
+void read_tile_scales(const key_tile<qint8>& tile, tile_scales& scales) noexcept {
+    for (int t = 0; t < tile_keys; ++t) {
+        scales.keys[t] = row_scale_of(tile.keys[t], Dim);
+        scales.values[t] = row_scale_of(tile.values[t], Dim);
+    }
+}
+
 /// scores[r][t] = q_r . k_t for Rows query rows (scaled already) and the
-/// first `keys` keys of the tile (a multiple of the key step).
+/// first `keys` keys of the tile (a multiple of the key step). For a qint8
+/// tile the dot product of the unscaled row is multiplied by key_scales[t].
 template <int Rows, int Dim, class Element>
-void tile_scores(const float* queries, const key_tile<Element>& tile, int keys, float* scores) {
+void tile_scores(const float* queries, const key_tile<Element>& tile, int keys, float* scores,
+                 const float* key_scales = nullptr) {
     using vec = typename vector_for<Dim>::type;
     constexpr int chunks = Dim / vec::lanes;
     // Keys per step: as many as keep Rows x step accumulators within half the registers.
@@ -138,18 +163,27 @@ void tile_scores(const float* queries, const key_tile<Element>& tile, int keys, 
             }
         }
         for (int r = 0; r < Rows; ++r)
-            for (int j = 0; j < step; ++j) scores[r * tile_keys + t + j] = sum(accumulators[r][j]);
+            for (int j = 0; j < step; ++j) {
+                if constexpr (has_row_scales_v<Element>) {
+                    scores[r * tile_keys + t + j] = sum(accumulators[r][j]) * key_scales[t + j];
+                } else {
+                    (void)key_scales;
+                    scores[r * tile_keys + t + j] = sum(accumulators[r][j]);
+                }
+            }
     }
 }
 
 /// accumulators[r] = accumulators[r] * rescale[r] + sum_t weights[r][t] v_t
-/// for Rows rows over the first `keys` keys of the tile.
+/// for Rows rows over the first `keys` keys of the tile. For a qint8 tile
+/// value_scales[t] folds into the weight, so the unscaled row is used as loaded.
 template <int Rows, int Dim, class Element>
 void tile_values(const float* weights, const float* rescale, const key_tile<Element>& tile, int keys,
-                 float* accumulators) {
+                 float* accumulators, const float* value_scales = nullptr) {
     using vec = typename vector_for<Dim>::type;
     constexpr int chunks = Dim / vec::lanes;
     constexpr int width = chunks % 2 == 0 && Rows * 2 <= vector_registers / 2 ? 2 : 1;  // chunks per pass
+    (void)value_scales;
     for (int c = 0; c < chunks; c += width) {
         vec sums[Rows][width];
         for (int r = 0; r < Rows; ++r)
@@ -159,7 +193,9 @@ void tile_values(const float* weights, const float* rescale, const key_tile<Elem
             vec v[width];
             for (int w = 0; w < width; ++w) v[w] = vec::load(tile.values[t] + (c + w) * vec::lanes);
             for (int r = 0; r < Rows; ++r) {
-                const vec p = vec::broadcast(weights[r * tile_keys + t]);
+                float weight = weights[r * tile_keys + t];
+                if constexpr (has_row_scales_v<Element>) weight *= value_scales[t];
+                const vec p = vec::broadcast(weight);
                 for (int w = 0; w < width; ++w) sums[r][w] = fma(p, v[w], sums[r][w]);
             }
         }

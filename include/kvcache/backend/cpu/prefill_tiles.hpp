@@ -364,8 +364,9 @@ private:
         return any != 0;
     }
 
-    /// Float row pointers of the tile's keys and values: a 16-bit tile is
-    /// widened once here, for every row of the block.
+    /// Float row pointers of the tile's keys and values: a 16-bit, fp8 or
+    /// int8 tile is widened once here, for every row of the block (int8
+    /// without its row scales, which fold applies).
     template <class Element>
     void float_rows(const key_tile<Element>& tile, const float** keys, const float** values) {
         if constexpr (std::is_same_v<Element, float>) {
@@ -412,6 +413,11 @@ private:
                 score_rows<decltype(n)::value, Dim>(queries_.data() + r0, stride, keys, count, scores + r0);
             });
         }
+        tile_scales scales;  // a qint8 tile's row scales: each key's scores times its K scale
+        if constexpr (has_row_scales_v<Element>) {
+            read_tile_scales<Dim>(tile, scales);
+            scale_key_rows(scores, count, stride, scales.keys);
+        }
         if (soft_cap > 0.0f)
             for (int t = 0; t < count; ++t)
                 for (int r = 0; r < rows_; ++r)
@@ -449,12 +455,23 @@ private:
         for (std::size_t r = 0; r < stride; ++r) sum[r] = sum[r] * factor[r] + added[r];
         // The weights are relative to the base just subtracted (0 for a row that saw nothing yet).
         if (record) record->add(tile.first_visible, count, scores, 1, stride, new_max);
+        // The V scales fold into the weights, after the sums and the record took them unscaled.
+        if constexpr (has_row_scales_v<Element>) scale_key_rows(scores, count, stride, scales.values);
         for (std::size_t r0 = 0; r0 < stride; r0 += chunk_rows) {
             const int vectors = int(std::min<std::size_t>(chunk_rows, stride - r0) / row_vector::lanes);
             with_row_vectors(vectors, [&](auto n) {
                 value_rows<decltype(n)::value, Dim>(scores + r0, stride, factor + r0, values, count,
                                                     outputs_.data() + r0);
             });
+        }
+    }
+
+    /// x[t][rows] *= factors[t] for the first `count` keys: one scale per stored row.
+    static void scale_key_rows(float* x, int count, std::size_t stride, const float* factors) noexcept {
+        for (int t = 0; t < count; ++t) {
+            float* row = x + std::size_t(t) * stride;
+            const float factor = factors[t];
+            for (std::size_t r = 0; r < stride; ++r) row[r] *= factor;
         }
     }
 

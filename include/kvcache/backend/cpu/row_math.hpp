@@ -10,6 +10,7 @@
 #include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
+#include "kvcache/core/int8.hpp"
 
 namespace kvcache {
 namespace cpu {
@@ -98,6 +99,12 @@ inline void widen(const float8_e5m2* __restrict source, float* __restrict destin
         bits |= (b & 0x80u) << 24;
         std::memcpy(destination + i, &bits, 4);
     }
+}
+
+/// int8 -> float for n values of a qint8 row, unscaled: the caller applies
+/// the row's scale once (to a dot product or a softmax weight), not per value.
+inline void widen(const qint8* __restrict source, float* __restrict destination, int n) noexcept {
+    for (int i = 0; i < n; ++i) destination[i] = float(source[i].bits);
 }
 
 /// Largest of n floats (n a multiple of 8), in 8 lanes so it vectorises.

@@ -3,8 +3,9 @@
 // compiler maps to whatever it has (SSE2 in a plain x86-64 build). Binary16
 // rows widen on load: with F16C in hardware, else by the exact software
 // conversion of row_math.hpp; bfloat16 rows widen by a 16-bit shift, fp8
-// rows through binary16 (AVX2) or the software widening. The
-// kernels are written once against this.
+// rows through binary16 (AVX2) or the software widening, int8 rows by sign
+// extension and conversion, without their scale (the kernels apply it once
+// per row). The kernels are written once against this.
 // Everything here lives in the ISA-keyed inline namespace of isa.hpp, since
 // its layout and code change with -march.
 #pragma once
@@ -17,6 +18,7 @@
 #include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
+#include "kvcache/core/int8.hpp"
 
 #if KVCACHE_CPU_AVX2_FMA
 #include <immintrin.h>
@@ -66,6 +68,11 @@ struct float8 {
                                         _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
         return {_mm256_blendv_ps(value, nan, is_nan)};
     }
+    // int8 rows widen unscaled (sign-extended to 32 bits, then converted): the
+    // kernels apply the row's scale once per row, not per lane.
+    static float8 load(const qint8* p) noexcept {
+        return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
+    }
     void store(float* p) const noexcept { _mm256_storeu_ps(p, v); }
     friend float8 fma(float8 a, float8 b, float8 c) noexcept { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
     friend float8 operator*(float8 a, float8 b) noexcept { return {_mm256_mul_ps(a.v, b.v)}; }
@@ -88,7 +95,7 @@ struct float8 {
         for (int i = 0; i < 8; ++i) r.v[i] = p[i];
         return r;
     }
-    /// half, bfloat16 and fp8 rows: row_math.hpp's exact software widening.
+    /// half, bfloat16, fp8 and (unscaled) int8 rows: row_math.hpp's exact software widening.
     /// @tparam Element a narrow storage type widen() takes
     template <class Element>
     static float8 load(const Element* p) noexcept {
@@ -134,6 +141,11 @@ struct float16 {
     // fp8 as two of float8's exact 8-lane widenings, put side by side.
     static float16 load(const float8_e4m3* p) noexcept { return joined(float8::load(p), float8::load(p + 8)); }
     static float16 load(const float8_e5m2* p) noexcept { return joined(float8::load(p), float8::load(p + 8)); }
+    static float16 load(const qint8* p) noexcept {
+        // maskz forms, as above; unscaled like float8's.
+        const __m512i widened = _mm512_maskz_cvtepi8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        return {_mm512_maskz_cvtepi32_ps(0xffff, widened)};
+    }
     static float16 joined(float8 low, float8 high) noexcept {
         // The maskz forms, as above (the unmasked ones' undefined source trips -Werror).
         __m512d both = _mm512_maskz_insertf64x4(0xff, _mm512_setzero_pd(), _mm256_castps_pd(low.v), 0);

@@ -82,7 +82,9 @@ public:
             ++filled;
         }
         for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
-            if constexpr (!std::is_same_v<element, float>) {  // 16-bit and fp8 rows
+            // 16-bit and fp8 rows; int8 rows are always read in place, their
+            // widening costs two instructions a vector and their scales stay per row.
+            if constexpr (!std::is_same_v<element, float> && !has_row_scales_v<element>) {
                 if (rows_ > widen_tile_rows) {
                     fold(widened(tiles[current]), slot_masks(current), soft_cap, record);
                 } else {
@@ -184,12 +186,14 @@ private:
         // Fixed-width steps over the tile: whole groups of 8 for the lane reductions.
         const int keys = (tile.count + 7) / 8 * 8;
         float* const all_scores = scores();
+        tile_scales scales;  // a qint8 tile's row scales (unread otherwise)
+        if constexpr (has_row_scales_v<Element>) read_tile_scales<Dim>(tile, scales);
         for (int r0 = 0; r0 < rows_; r0 += row_block) {
             const int rows = std::min(row_block, rows_ - r0);
             if (!any_seen(masks + r0, rows)) continue;
             with_row_block(rows, [&](auto block) {
                 tile_scores<decltype(block)::value, Dim>(queries() + std::size_t(r0) * Dim, tile, keys,
-                                                         all_scores + std::size_t(r0) * tile_keys);
+                                                         all_scores + std::size_t(r0) * tile_keys, scales.keys);
             });
         }
         for (int r = 0; r < rows_; ++r) {
@@ -219,7 +223,8 @@ private:
             if (!any_seen(masks + r0, rows)) continue;
             with_row_block(rows, [&](auto block) {
                 tile_values<decltype(block)::value, Dim>(all_scores + std::size_t(r0) * tile_keys, rescale() + r0, tile,
-                                                         tile.count, accumulators() + std::size_t(r0) * Dim);
+                                                         tile.count, accumulators() + std::size_t(r0) * Dim,
+                                                         scales.values);
             });
         }
     }

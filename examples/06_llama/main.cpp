@@ -46,8 +46,9 @@ options:
                          with full attention; layers the config windows (Mistral's sliding_window,
                          Qwen2's layer_types / max_window_layers) always go into a sliding-window
                          cache of the config's window, without sinks
-  --dtype TYPE           fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2: the cache's element type
-                         (default fp32; fp8 is e4m3, stored with per-layer scales)
+  --dtype TYPE           fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8: the cache's element type
+                         (default fp32; fp8 is e4m3, stored with per-layer scales; int8 stores
+                         a float scale with each row of each head)
   --page-size N          paged: tokens per page (default 16)
   --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
   --sinks N              sliding_window: first positions kept forever in those layers (default 4)

@@ -37,7 +37,7 @@ and the bytes per token and layer each type stores.
 options:
   --model DIR            the model folder (required)
   --types LIST           comma-separated storage types besides fp32
-                         (default fp16,bf16,e4m3,e5m2)
+                         (default fp16,bf16,e4m3,e5m2,int8)
   --windows N            held-out windows of 255 bytes (default 2; 0: all)
   --layout KIND          paged | contiguous (default paged)
   --page-size N          paged: tokens per page (default 16)
@@ -109,10 +109,10 @@ int run(int argc, char** argv) {
     if (!args.has("--model")) throw ex::usage_error("--model DIR is required (see --help)");
     const std::string dir = args.text("--model", "");
     std::vector<kvcache::element_kind> kinds{kvcache::element_kind::fp32};
-    for (const std::string& name : split(args.text("--types", "fp16,bf16,e4m3,e5m2"))) {
+    for (const std::string& name : split(args.text("--types", "fp16,bf16,e4m3,e5m2,int8"))) {
         kvcache::element_kind kind;
         if (!kvcache::parse_element_kind(name.c_str(), kind))
-            throw ex::usage_error("--types: '" + name + "' is not a storage type (fp16, bf16, e4m3, e5m2, fp32)");
+            throw ex::usage_error("--types: '" + name + "' is not a storage type (fp16, bf16, e4m3, e5m2, int8, fp32)");
         if (kind != kvcache::element_kind::fp32) kinds.push_back(kind);
     }
     const int window_count = args.integer("--windows", 2, 0, 1 << 20);

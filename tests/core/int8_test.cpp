@@ -44,8 +44,8 @@ TEST_CASE("int8 rows: sizes, kind and names") {
     CHECK(std::string(kvcache::to_string(kvcache::element_kind::int8)) == "int8");
     CHECK(kvcache::element_size(kvcache::element_kind::int8) == 1);
     kvcache::element_kind kind{};
-    // Not parsed until the engine dispatches int8, so --dtype int8 is a usage error, not a wrong run.
-    CHECK_FALSE(kvcache::parse_element_kind("int8", kind));
+    REQUIRE(kvcache::parse_element_kind("int8", kind));
+    CHECK(kind == kvcache::element_kind::int8);
     const kvcache::half row[2] = {kvcache::half(1.0f), kvcache::half(2.0f)};
     CHECK(kvcache::row_scale_of(row, 2) == 1.0f);  // other types carry no row scale
 }

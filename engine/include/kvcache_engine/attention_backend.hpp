@@ -35,23 +35,39 @@ template <class Element>
 void round_scaled(float* data, std::size_t count, float scale) {
     for (std::size_t i = 0; i < count; ++i) data[i] = to_float_scaled(from_float_scaled<Element>(data[i], scale), scale);
 }
+// Each row of `row_length` values quantised with its own scale and read back (int8).
+inline void round_rows_int8(float* data, std::size_t count, int row_length) {
+    std::vector<qint8> row(static_cast<std::size_t>(row_elements<qint8>(row_length)));
+    for (std::size_t start = 0; start + static_cast<std::size_t>(row_length) <= count; start += std::size_t(row_length)) {
+        float* values = data + start;
+        quantise_row([values](int d) { return values[d]; }, row_length, row.data());
+        const float scale = row_scale_of(row.data(), row_length);
+        for (int d = 0; d < row_length; ++d) values[d] = float(row[std::size_t(d)].bits) * scale;
+    }
+}
 }  // namespace detail
 
 /// Rounds values through a storage element type, so recomputed K/V see the
 /// same precision as K/V read back from a cache of that type (fp8: divided by
 /// the layer's scale, rounded and saturated, multiplied back, as the cache
-/// stores and reads them).
-inline void round_through(element_kind kind, float* data, std::size_t count, float scale = 1.0f) {
+/// stores and reads them; int8: each row of row_length values, one head of one
+/// token, quantised with its own scale as the cache's append does).
+inline void round_through(element_kind kind, float* data, std::size_t count, float scale = 1.0f, int row_length = 0) {
     if (kind == element_kind::fp16) detail::round_scaled<half>(data, count, scale);
     if (kind == element_kind::bf16) detail::round_scaled<bfloat16>(data, count, scale);
     if (kind == element_kind::fp8_e4m3) detail::round_scaled<float8_e4m3>(data, count, scale);
     if (kind == element_kind::fp8_e5m2) detail::round_scaled<float8_e5m2>(data, count, scale);
+    if (kind == element_kind::int8) {
+        require(row_length > 0 && count % std::size_t(row_length) == 0, error_code::invalid_argument,
+                "round_through int8: row_length = ", row_length, " must be positive and divide count = ", count);
+        detail::round_rows_int8(data, count, row_length);
+    }
 }
 
 /// The type queries, outputs and new rows travel in to a GPU backend's cache
-/// of this kind: the kind itself, fp16 for fp8 (default_activation_t).
+/// of this kind: the kind itself, fp16 for fp8 and int8 (default_activation_t).
 inline element_kind activation_kind(element_kind kind) noexcept {
-    return is_scaled_kind(kind) ? element_kind::fp16 : kind;
+    return is_scaled_kind(kind) || kind == element_kind::int8 ? element_kind::fp16 : kind;
 }
 
 /// Attention without a cache: every call holds the whole sequence from position 0,
@@ -87,8 +103,8 @@ public:
             round_through(travel, values_.data(), kv_count);
         }
         const kv_scales scales = cache_scales_.empty() ? kv_scales{} : cache_scales_.at(static_cast<std::size_t>(layer));
-        round_through(storage_, keys_.data(), kv_count, scales.key);
-        round_through(storage_, values_.data(), kv_count, scales.value);
+        round_through(storage_, keys_.data(), kv_count, scales.key, d);
+        round_through(storage_, values_.data(), kv_count, scales.value, d);
         if (round_queries_outputs_) {
             std::size_t q_count = static_cast<std::size_t>(tokens) * qh * d;
             queries_.assign(q, q + q_count);

@@ -186,9 +186,9 @@ inline constexpr bool is_scaled_kind(element_kind kind) noexcept {
     return kind == element_kind::fp8_e4m3 || kind == element_kind::fp8_e5m2;
 }
 
-/// The element kind a name gives ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2";
-/// also "float", "half", "bfloat16", "e4m3", "e5m2", and "fp8" for e4m3, the
-/// engines' usual fp8 cache); false when the name is none of them.
+/// The element kind a name gives ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2",
+/// "int8"; also "float", "half", "bfloat16", "e4m3", "e5m2", and "fp8" for e4m3,
+/// the engines' usual fp8 cache); false when the name is none of them.
 inline bool parse_element_kind(const char* name, element_kind& kind) noexcept {
     const auto is = [name](const char* candidate) { return std::strcmp(name, candidate) == 0; };
     if (is("fp32") || is("float")) {
@@ -201,6 +201,8 @@ inline bool parse_element_kind(const char* name, element_kind& kind) noexcept {
         kind = element_kind::fp8_e4m3;
     } else if (is("fp8_e5m2") || is("e5m2")) {
         kind = element_kind::fp8_e5m2;
+    } else if (is("int8")) {
+        kind = element_kind::int8;
     } else {
         return false;
     }

@@ -109,6 +109,13 @@ if(count GREATER 0)
             if(waste LESS 0 OR waste GREATER 1)
                 fail("memory_waste result ${index}: waste_fraction ${waste} is outside [0, 1]")
             endif()
+            # A full page holds rows only: any waste there means a row was miscounted
+            # (an int8 row's scale is part of the row).
+            string(JSON workload ERROR_VARIABLE error GET "${text}" results ${i} params workload)
+            if(NOT error AND workload STREQUAL "one full page" AND NOT waste EQUAL 0)
+                string(JSON element ERROR_VARIABLE error GET "${text}" results ${i} params element)
+                fail("memory_waste result ${index}: one full page of ${element} wastes ${waste}, not 0")
+            endif()
         elseif(name STREQUAL "decode_bandwidth" OR name STREQUAL "cuda_decode")
             string(JSON rate GET "${text}" results ${i} metrics gbytes_per_s)
             if(NOT rate GREATER 0)

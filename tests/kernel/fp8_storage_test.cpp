@@ -18,41 +18,17 @@
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
+#include "support/storage_owners.hpp"
 
 using namespace kvcache;
 
 namespace {
 
-/// Rows of n tokens, about N(0, 1) with a few larger outliers (what keys have).
-std::vector<float> random_rows(std::size_t count, unsigned seed) {
-    std::mt19937 generator(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> rows(count);
-    for (std::size_t i = 0; i < count; ++i) rows[i] = normal(generator) * (i % 37 == 0 ? 4.0f : 1.0f);
-    return rows;
-}
-
-/// The three owners, built alike for each element type and head config.
+using kvcache_test::largest;
+using kvcache_test::largest_difference;
+using kvcache_test::random_rows;
 template <class Element, class Heads>
-struct owners {
-    static contiguous_cache<Element, Heads> contiguous() { return {2, 2, 96}; }
-    static paged_cache<Element, Heads> paged() { return {2, 32, 16}; }
-    static sliding_window_cache<Element, Heads> window() { return {2, 2, 24, 2, 48}; }
-};
-
-/// Largest |x| of the rows; the e4m3 error bound below is relative to it.
-float largest(const std::vector<float>& x) {
-    float m = 0.0f;
-    for (float v : x) m = std::max(m, std::fabs(v));
-    return m;
-}
-
-/// Largest |a[i] - b[i]|.
-double largest_difference(const std::vector<float>& a, const std::vector<float>& b) {
-    double m = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
-    return m;
-}
+using owners = kvcache_test::storage_owners<Element, Heads>;
 
 /// One owner of fp8 Element next to a float owner of the same layout: the
 /// same float rows appended (the fp8 cache's by the backend's append kernel,

@@ -22,28 +22,15 @@
 #include "kvcache/policy/key_norms.hpp"
 #include "support/backend_suite.hpp"
 #include "support/score_checks.hpp"
+#include "support/storage_owners.hpp"
 
 using namespace kvcache;
 
 namespace {
 
-/// Rows about N(0, 1) with a few larger outliers (what keys have).
-std::vector<float> random_rows(std::size_t count, unsigned seed) {
-    std::mt19937 generator(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> rows(count);
-    for (std::size_t i = 0; i < count; ++i) rows[i] = normal(generator) * (i % 37 == 0 ? 4.0f : 1.0f);
-    return rows;
-}
-
-/// The three owners, built alike for each head config: the window (24, 2 sinks)
-/// is shorter than the sequences, so the ring wraps and positions drop.
+using kvcache_test::random_rows;
 template <class Element, class Heads>
-struct owners {
-    static contiguous_cache<Element, Heads> contiguous() { return {2, 2, 96}; }
-    static paged_cache<Element, Heads> paged() { return {2, 32, 16}; }
-    static sliding_window_cache<Element, Heads> window() { return {2, 2, 24, 2, 48}; }
-};
+using owners = kvcache_test::storage_owners<Element, Heads>;
 
 /// Where the special rows go: token `zero_token`'s key and value rows of KV
 /// head 0 are all zeros; token `nan_key_token`'s key row of KV head 0 and

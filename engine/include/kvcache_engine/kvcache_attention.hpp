@@ -54,11 +54,15 @@ template <class Cache, class = void>
 struct compacts : std::false_type {};
 template <class Cache>
 struct compacts<Cache, std::void_t<decltype(std::declval<Cache&>().compact(sequence_id{},
-                                                                          std::vector<std::vector<int>>{}))>>
+                                                                          std::vector<std::vector<int>>{})),
+                                   decltype(std::declval<const Cache&>().statistics())>>
     : std::true_type {};
 }  // namespace detail
 
-/// True when the owner can keep chosen rows of a sequence (paged_cache::compact).
+/// True when the owner can keep chosen rows of a sequence and has a page pool
+/// whose use the policy path reports and watches (paged_cache). The contiguous
+/// and sliding-window owners compact too, but this engine's policy path does
+/// not drive them yet.
 /// @tparam Cache a kvcache owner
 template <class Cache>
 inline constexpr bool compacts_v = detail::compacts<Cache>::value;

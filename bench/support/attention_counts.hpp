@@ -31,18 +31,11 @@ inline std::size_t activation_size(element_kind element) noexcept {
     return is_scaled_kind(element) || element == element_kind::int8 ? 2 : static_cast<std::size_t>(element_size(element));
 }
 
-/// Bytes of one stored K or V row as the cache holds it: head_dim elements,
-/// and for int8 the row's float scale after them (row_elements in core/int8.hpp).
-inline std::size_t stored_row_bytes(element_kind element, int head_dim) noexcept {
-    const std::size_t scale = element == element_kind::int8 ? std::size_t(qint8_scale_bytes) : 0;
-    return std::size_t(head_dim) * static_cast<std::size_t>(element_size(element)) + scale;
-}
-
 /// Bytes of K and V one decode step reads: every visible row of every KV
 /// head, once, as stored (an int8 row's scale included).
 inline std::size_t decode_kv_bytes(const attention_shape& s) noexcept {
     return std::size_t(s.batch) * std::size_t(s.visible) * 2 * std::size_t(s.kv_heads) *
-           stored_row_bytes(s.element, s.head_dim);
+           std::size_t(stored_row_bytes(s.element, s.head_dim));  // core/element.hpp: an int8 row's scale included
 }
 
 /// Bytes a decode step moves at least: K/V (decode_kv_bytes), the fp8 scales
@@ -64,7 +57,7 @@ inline std::size_t decode_bytes(const attention_shape& s) noexcept {
 /// row's scale included).
 inline std::size_t append_bytes(const attention_shape& s, int tokens) noexcept {
     const std::size_t rows = std::size_t(s.batch) * std::size_t(tokens) * 2 * std::size_t(s.kv_heads);
-    return rows * (std::size_t(s.head_dim) * activation_size(s.element) + stored_row_bytes(s.element, s.head_dim));
+    return rows * (std::size_t(s.head_dim) * activation_size(s.element) + std::size_t(stored_row_bytes(s.element, s.head_dim)));
 }
 
 /// Keys a causal chunk of `chunk` queries after `prefix` cached tokens sees

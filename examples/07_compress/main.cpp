@@ -8,12 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/report_output.hpp"
 #include "common/run_main.hpp"
 #include "kvcache_engine/arguments.hpp"
 #include "kvcache_engine/checkpoint_loader.hpp"
@@ -57,17 +57,6 @@ options:
 using compress_configurations =
     kvcache::type_list<kvcache::configuration<kvcache::paged_layout, float, kvcache::head_config<8, 2, 32>>,
                        kvcache::configuration<kvcache::paged_layout, float, kvcache::dynamic_heads<32>>>;
-
-std::vector<std::string> split(const std::string& list) {
-    std::vector<std::string> out;
-    std::size_t start = 0;
-    for (;;) {
-        const std::size_t comma = list.find(',', start);
-        out.push_back(list.substr(start, comma - start));
-        if (comma == std::string::npos) return out;
-        start = comma + 1;
-    }
-}
 
 // One policy at one budget (the full cache is the policy none).
 struct tally {
@@ -141,7 +130,7 @@ int run(int argc, char** argv) {
 
     settings s;
     s.budgets_percent = args.integers("--budgets", {10, 25, 50}, 1, 100);
-    for (const std::string& name : split(args.text("--policies", "streaming,h2o,snapkv,tova,knorm,random")))
+    for (const std::string& name : ex::split_commas(args.text("--policies", "streaming,h2o,snapkv,tova,knorm,random")))
         s.policies.push_back(kvcache::parse_eviction_policy(name));
     const std::string layer_budgets = args.text("--layer-budgets", "uniform");
     if (layer_budgets != "uniform" && layer_budgets != "pyramid")
@@ -304,11 +293,7 @@ int run(int argc, char** argv) {
                                      {"windows", windows.size()},
                                      {"recall_texts", recall.size()},
                                      {"threads", threads}};
-        const std::string path = args.text("--json", "");
-        std::ofstream out(path);
-        out << nlohmann::json{{"machine", machine}, {"results", results}}.dump(2) << "\n";
-        if (!out) throw std::runtime_error("--json: could not write '" + path + "'");
-        std::printf("\nwrote %s\n", path.c_str());
+        ex::write_json_report(args.text("--json", ""), machine, results);
     }
     std::printf("\nevery policy held its budget in every layer: %s\n", all_held ? "yes" : "no");
     std::printf("every policy held fewer bytes than the full cache: %s\n", all_fewer ? "yes" : "no");

@@ -8,12 +8,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/report_output.hpp"
 #include "common/run_main.hpp"
 #include "kvcache_engine/arguments.hpp"
 #include "kvcache_engine/checkpoint_loader.hpp"
@@ -54,17 +54,6 @@ options:
 using precision_configurations = kvcache::configuration_product_t<
     kvcache::type_list<kvcache::paged_layout, kvcache::contiguous_layout>, kvcache::cache_elements,
     kvcache::type_list<kvcache::head_config<8, 2, 32>, kvcache::dynamic_heads<32>>>;
-
-std::vector<std::string> split(const std::string& list) {
-    std::vector<std::string> out;
-    std::size_t start = 0;
-    for (;;) {
-        const std::size_t comma = list.find(',', start);
-        out.push_back(list.substr(start, comma - start));
-        if (comma == std::string::npos) return out;
-        start = comma + 1;
-    }
-}
 
 // A non-negative percentage option as a fraction.
 double percent(const ex::arguments& args, const std::string& name, double fallback) {
@@ -109,7 +98,7 @@ int run(int argc, char** argv) {
     if (!args.has("--model")) throw ex::usage_error("--model DIR is required (see --help)");
     const std::string dir = args.text("--model", "");
     std::vector<kvcache::element_kind> kinds{kvcache::element_kind::fp32};
-    for (const std::string& name : split(args.text("--types", "fp16,bf16,e4m3,e5m2,int8"))) {
+    for (const std::string& name : ex::split_commas(args.text("--types", "fp16,bf16,e4m3,e5m2,int8"))) {
         kvcache::element_kind kind;
         if (!kvcache::parse_element_kind(name.c_str(), kind))
             throw ex::usage_error("--types: '" + name + "' is not a storage type (fp16, bf16, e4m3, e5m2, int8, fp32)");
@@ -229,11 +218,7 @@ int run(int argc, char** argv) {
         const nlohmann::json machine{{"program", "09_kv_precision"}, {"model", dir},
                                      {"model_config", config.describe()}, {"windows", windows.size()},
                                      {"threads", threads}};
-        const std::string path = args.text("--json", "");
-        std::ofstream out(path);
-        out << nlohmann::json{{"machine", machine}, {"results", results}}.dump(2) << "\n";
-        if (!out) throw std::runtime_error("--json: could not write '" + path + "'");
-        std::printf("\nwrote %s\n", path.c_str());
+        ex::write_json_report(args.text("--json", ""), machine, results);
     }
     std::printf("\nevery type held exactly its rows' share of fp32's bytes: %s\n", bytes_match ? "yes" : "no");
     std::printf("every type's perplexity within its limit (16-bit %.2f%%, 8-bit %.2f%%): %s\n", limit_16 * 100.0,

@@ -8,7 +8,7 @@
 #include <cstddef>
 
 #include "kvcache/core/element.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache::bench {

@@ -29,6 +29,24 @@ struct gathered_rows {
     int rows() const noexcept { return static_cast<int>(positions.size()); }
 };
 
+/// Appends the head_dim values a stored row means, in double: an int8 row's
+/// values times its own scale, an int4 row's group minimum + code * scale, any
+/// other type's values times the layer scale (1 but for fp8).
+/// @tparam Element a stored element type
+template <class Element>
+void append_dequantised(const Element* row, int dim, float layer_scale, std::vector<double>& out) {
+    if constexpr (std::is_same_v<std::remove_cv_t<Element>, qint4>) {
+        (void)layer_scale;
+        for (int d = 0; d < dim; ++d) {
+            const qint4_group g = qint4_group_of(row, dim, d / qint4_group_size);
+            out.push_back(double(g.minimum) + double(qint4_code(row, d)) * double(g.scale));
+        }
+    } else {
+        const double scale = double(layer_scale) * row_scale_of(row, dim);  // an int8 row's own scale; 1 otherwise
+        for (int d = 0; d < dim; ++d) out.push_back(static_cast<double>(to_float(row[d])) * scale);
+    }
+}
+
 /// Reads every visible row of (sequence, kv_head) through key()/value().
 /// @tparam Layout a layout view over host-accessible memory
 template <class Layout>
@@ -44,11 +62,8 @@ gathered_rows gather(const Layout& view, int sequence, int kv_head) {
         const auto* key = view.key(sequence, kv_head, position);
         const auto* value = view.value(sequence, kv_head, position);
         rows.positions.push_back(position);
-        // int8 rows carry their own scale (1 for every other type): dequantised here, in double.
-        const double key_scale = double(scales.key) * row_scale_of(key, dim);
-        const double value_scale = double(scales.value) * row_scale_of(value, dim);
-        for (int d = 0; d < dim; ++d) rows.keys.push_back(static_cast<double>(to_float(key[d])) * key_scale);
-        for (int d = 0; d < dim; ++d) rows.values.push_back(static_cast<double>(to_float(value[d])) * value_scale);
+        append_dequantised(key, dim, scales.key, rows.keys);
+        append_dequantised(value, dim, scales.value, rows.values);
     }
     return rows;
 }
@@ -177,14 +192,14 @@ public:
                     const std::size_t source = (static_cast<std::size_t>(first + t) * view.kv_heads() + kv) * dim;
                     element* key = view.key(b, kv, position);
                     element* value = view.value(b, kv, position);
-                    if constexpr (std::is_same_v<element, qint8>) {
+                    if constexpr (is_row_quantised_v<element>) {
                         quantise_row([&](int d) { return to_float(p.keys[source + std::size_t(d)]); }, dim, key);
                         quantise_row([&](int d) { return to_float(p.values[source + std::size_t(d)]); }, dim, value);
-                        continue;
-                    }
-                    for (int d = 0; d < dim; ++d) {
-                        key[d] = from_float_scaled<element>(to_float(p.keys[source + d]), scales.key);
-                        value[d] = from_float_scaled<element>(to_float(p.values[source + d]), scales.value);
+                    } else {
+                        for (int d = 0; d < dim; ++d) {
+                            key[d] = from_float_scaled<element>(to_float(p.keys[source + d]), scales.key);
+                            value[d] = from_float_scaled<element>(to_float(p.values[source + d]), scales.value);
+                        }
                     }
                 }
             }

@@ -152,6 +152,7 @@ public:
     template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
     void append(sequence_id id, int layer, const Keys& keys, const Values& values, int n) {
         const kv_scales s = scales(layer);  // checks the layer
+        check_input_rows(make_span(keys).size(), make_span(values).size(), n, id, layer, "append");
         const std::vector<Element> key_rows = converted_rows(keys, s.key), value_rows = converted_rows(values, s.value);
         append(id, layer, span<const Element>(key_rows), span<const Element>(value_rows), n);
     }
@@ -163,6 +164,7 @@ public:
     template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
     void write(sequence_id id, int layer, int first, const Keys& key_rows, const Values& value_rows, int n) {
         const kv_scales s = scales(layer);  // checks the layer
+        check_input_rows(make_span(key_rows).size(), make_span(value_rows).size(), n, id, layer, "write");
         const std::vector<Element> keys = converted_rows(key_rows, s.key), values = converted_rows(value_rows, s.value);
         derived().write(id, layer, first, span<const Element>(keys), span<const Element>(values), n);
     }
@@ -245,7 +247,7 @@ protected:
                 "e.g. head_config<dynamic, dynamic, ", Heads::head_dim, ">{32, 8}");
     }
     /// Rows of one token in one layer as stored: kv_heads x row_elements
-    /// (head_dim, or head_dim + 4 for qint8, whose rows carry their scale).
+    /// (row_elements: head_dim, more for qint8 and qint4, whose rows carry their scales).
     std::size_t token_row() const noexcept { return std::size_t(kv_heads()) * row_elements<Element>(Heads::head_dim); }
 
     /// Rows of another element type converted to Element (write/append of
@@ -256,11 +258,11 @@ protected:
         using Input = detail::range_element_t<Rows>;
         static_assert(is_activation_element_v<Input>, "kvcache: K/V rows are float, kvcache::half or kvcache::bfloat16");
         const auto in = make_span(rows);
-        if constexpr (std::is_same_v<Element, qint8>) {
-            // Each head_dim values become one quantised row with its own scale
+        if constexpr (is_row_quantised_v<Element>) {
+            // Each head_dim values become one quantised row with its own scales
             // (the layer scale does not apply). A size that is not whole rows
             // keeps its remainder, so check_rows still refuses it.
-            constexpr std::size_t dim = Heads::head_dim, stored = row_elements<qint8>(Heads::head_dim);
+            constexpr std::size_t dim = Heads::head_dim, stored = row_elements<Element>(Heads::head_dim);
             const std::size_t whole = in.size() / dim;
             std::vector<Element> out(whole * stored + in.size() % dim);
             for (std::size_t r = 0; r < whole; ++r)
@@ -341,6 +343,23 @@ protected:
                          ", layer ", layer, ")");
         require_elements(values, n, row, "values", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
                          ", layer ", layer, ")");
+    }
+
+    /// check_rows on rows not yet quantised (float or 16-bit input to a qint8 or
+    /// qint4 cache): head_dim values a row, counted before they shrink to
+    /// stored rows, so a buffer with a part row is refused naming its own size.
+    /// Nothing to check here for the other types (check_rows counts the same).
+    void check_input_rows(std::size_t keys, std::size_t values, int n, sequence_id id, int layer, const char* op) const {
+        if constexpr (is_row_quantised_v<Element>) {
+            require_count(n, "n_tokens");
+            const std::int64_t row = std::int64_t(kv_heads()) * Heads::head_dim;
+            require_elements(keys, n, row, "keys", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
+                             ", layer ", layer, ")");
+            require_elements(values, n, row, "values", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
+                             ", layer ", layer, ")");
+        } else {
+            (void)keys, (void)values, (void)n, (void)id, (void)layer, (void)op;
+        }
     }
 
     /// Throws out_of_range unless new_length lies in [0, length].

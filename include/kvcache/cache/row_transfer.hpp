@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/core/memory.hpp"
 
 namespace kvcache {

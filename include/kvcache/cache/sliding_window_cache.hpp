@@ -29,7 +29,7 @@ namespace kvcache {
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class sliding_window_cache : public detail::owner_base<sliding_window_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_element_v<Element> || std::is_same_v<Element, qint8>, "kvcache::sliding_window_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2 or kvcache::qint8");
+    static_assert(is_stored_element_v<Element>, "kvcache::sliding_window_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8 or kvcache::qint4");
     using base = detail::owner_base<sliding_window_cache, Element, Heads>;
     friend base;
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kvcache/cache/row_transfer.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/core/memory.hpp"
 
 namespace kvcache {

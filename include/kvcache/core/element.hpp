@@ -8,15 +8,15 @@
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 
 namespace kvcache {
 
 /// Runtime tag of a storage element type (for dispatch, files and messages).
 /// The values are the ones save files record, so they never change.
-enum class element_kind : int { fp32 = 0, fp16 = 1, bf16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4, int8 = 5 };
+enum class element_kind : int { fp32 = 0, fp16 = 1, bf16 = 2, fp8_e4m3 = 3, fp8_e5m2 = 4, int8 = 5, int4 = 6 };
 
-/// The name of an element kind: "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2" or "int8"
+/// The name of an element kind: "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8" or "int4"
 /// ("unknown" for a value outside the enum).
 inline const char* to_string(element_kind kind) noexcept {
     switch (kind) {
@@ -26,13 +26,14 @@ inline const char* to_string(element_kind kind) noexcept {
     case element_kind::fp8_e4m3: return "fp8_e4m3";
     case element_kind::fp8_e5m2: return "fp8_e5m2";
     case element_kind::int8: return "int8";
+    case element_kind::int4: return "int4";
     }
     return "unknown";
 }
 
 /// True for a value of element_kind that names a type (a file may hold any integer).
 inline constexpr bool is_element_kind(int value) noexcept {
-    return value >= int(element_kind::fp32) && value <= int(element_kind::int8);
+    return value >= int(element_kind::fp32) && value <= int(element_kind::int4);
 }
 
 /// Properties of a storage element type.
@@ -89,6 +90,16 @@ struct element_traits<qint8> {
     }
 };
 
+/// int4 in groups of 32 with a half scale and minimum each: a kind and a name
+/// only. There is no to_float or from_float, because one byte holds two values
+/// and a value needs its group's record: code reads rows through qint4_value
+/// (core/int4.hpp), and a generic loop that indexes a qint4 row by d does not compile.
+template <>
+struct element_traits<qint4> {
+    static constexpr element_kind kind = element_kind::int4;
+    static constexpr const char* name = "int4";
+};
+
 /// True for the types queries, outputs and new K/V rows come in (float, half,
 /// bfloat16): what attention reads and writes besides the cache.
 /// @tparam Element candidate element type
@@ -121,6 +132,11 @@ template <>
 struct default_activation<qint8> {
     using type = half;
 };
+/// int4 caches sit under 16-bit activations, as int8 ones do.
+template <>
+struct default_activation<qint4> {
+    using type = half;
+};
 /// default_activation's type.
 /// @tparam Element a stored element type
 template <class Element>
@@ -130,6 +146,12 @@ using default_activation_t = typename default_activation<Element>::type;
 /// @tparam Element candidate element type
 template <class Element>
 inline constexpr bool is_element_v = is_activation_element_v<Element> || is_scaled_element_v<Element>;
+
+/// True for every element type a cache stores: is_element_v's and the
+/// row-quantised qint8 and qint4 (is_row_quantised_v).
+/// @tparam Element candidate element type
+template <class Element>
+inline constexpr bool is_stored_element_v = is_element_v<Element> || is_row_quantised_v<Element>;
 
 /// True for the 16-bit element types (half, bfloat16): stored as raw bits and widened on load.
 /// @tparam Element candidate element type
@@ -168,16 +190,21 @@ KVCACHE_HOST_DEVICE inline float to_float_scaled(Element value, float scale) noe
     else return to_float(value);
 }
 
-/// Bytes of one element of the given kind.
+/// Bytes of one stored element of the given kind (an int4 element is a byte
+/// holding two values: stored_row_bytes gives what a row really takes).
 inline constexpr int element_size(element_kind kind) noexcept {
     return kind == element_kind::fp32 ? 4
-           : (kind == element_kind::fp8_e4m3 || kind == element_kind::fp8_e5m2 || kind == element_kind::int8) ? 1
-                                                                                                                : 2;
+           : (kind == element_kind::fp8_e4m3 || kind == element_kind::fp8_e5m2 || kind == element_kind::int8 ||
+              kind == element_kind::int4)
+               ? 1
+               : 2;
 }
 
 /// Bytes one stored K or V row of head_dim values takes for the given kind:
-/// head_dim elements, plus an int8 row's own float scale (core/int8.hpp).
+/// head_dim elements, plus an int8 row's own float scale (core/int8.hpp); for
+/// int4 the packed codes and a 4-byte record per group of 32 (core/int4.hpp).
 inline constexpr int stored_row_bytes(element_kind kind, int head_dim) noexcept {
+    if (kind == element_kind::int4) return qint4_row_bytes(head_dim);
     return element_size(kind) * head_dim + (kind == element_kind::int8 ? qint8_scale_bytes : 0);
 }
 
@@ -187,7 +214,7 @@ inline constexpr bool is_scaled_kind(element_kind kind) noexcept {
 }
 
 /// The element kind a name gives ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2",
-/// "int8"; also "float", "half", "bfloat16", "e4m3", "e5m2", and "fp8" for e4m3,
+/// "int8", "int4"; also "float", "half", "bfloat16", "e4m3", "e5m2", and "fp8" for e4m3,
 /// the engines' usual fp8 cache); false when the name is none of them.
 inline bool parse_element_kind(const char* name, element_kind& kind) noexcept {
     const auto is = [name](const char* candidate) { return std::strcmp(name, candidate) == 0; };
@@ -203,6 +230,8 @@ inline bool parse_element_kind(const char* name, element_kind& kind) noexcept {
         kind = element_kind::fp8_e5m2;
     } else if (is("int8")) {
         kind = element_kind::int8;
+    } else if (is("int4")) {
+        kind = element_kind::int4;
     } else {
         return false;
     }

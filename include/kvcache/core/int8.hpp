@@ -27,30 +27,6 @@ static_assert(sizeof(qint8) == 1 && std::is_trivially_copyable_v<qint8>, "kvcach
 /// Bytes of the scale stored after an int8 row's values.
 inline constexpr int qint8_scale_bytes = static_cast<int>(sizeof(float));
 
-/// Elements one stored row occupies: head_dim for every type but qint8, whose
-/// row carries its float scale after the values (head_dim + 4).
-/// @tparam Element the stored element type
-template <class Element>
-KVCACHE_HOST_DEVICE constexpr int row_elements(int head_dim) noexcept {
-    return std::is_same_v<std::remove_cv_t<Element>, qint8> ? head_dim + qint8_scale_bytes : head_dim;
-}
-
-/// The scale stored with a row: the float after a qint8 row's head_dim values,
-/// 1 for every other type (their scales, if any, are per layer: kv_scales).
-/// @tparam Element the stored element type
-template <class Element>
-KVCACHE_HOST_DEVICE inline float row_scale_of(const Element* row, int head_dim) noexcept {
-    if constexpr (std::is_same_v<Element, qint8>) {
-        float scale;
-        std::memcpy(&scale, static_cast<const void*>(row + head_dim), sizeof scale);  // the row need not be 4-aligned
-        return scale;
-    } else {
-        (void)row;
-        (void)head_dim;
-        return 1.0f;
-    }
-}
-
 /// Writes a qint8 row's scale after its head_dim values.
 KVCACHE_HOST_DEVICE inline void set_row_scale(qint8* row, int head_dim, float scale) noexcept {
     std::memcpy(static_cast<void*>(row + head_dim), &scale, sizeof scale);

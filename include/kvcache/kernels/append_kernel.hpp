@@ -15,7 +15,7 @@
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/half.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
 #include "kvcache/kernels/new_tokens.hpp"

@@ -10,7 +10,7 @@
 #include <cstddef>
 
 #include "kvcache/core/config.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
 #include "kvcache/kernels/softmax_math.hpp"

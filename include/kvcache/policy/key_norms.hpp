@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
@@ -43,11 +44,19 @@ void key_norms(const Layout& view, span<float> norms, int stride) {
             for (int i = 0; i < visible; ++i) {
                 const auto* key = view.key(b, h, view.visible_position(b, i));
                 double sum = 0.0;
-                for (int d = 0; d < dim; ++d) {
-                    const double x = double(to_float(key[d]));
-                    sum += x * x;
+                if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(key)>>, qint4>) {
+                    for (int d = 0; d < dim; ++d) {
+                        const double x = double(qint4_value(key, dim, d));  // its group's minimum + code * scale
+                        sum += x * x;
+                    }
+                    out[i] = float(std::sqrt(sum));
+                } else {
+                    for (int d = 0; d < dim; ++d) {
+                        const double x = double(to_float(key[d]));
+                        sum += x * x;
+                    }
+                    out[i] = float(std::sqrt(sum) * scale * row_scale_of(key, dim));  // an int8 row's scale; 1 otherwise
                 }
-                out[i] = float(std::sqrt(sum) * scale * row_scale_of(key, dim));  // an int8 row's scale; 1 otherwise
             }
             std::fill(out + visible, out + stride, 0.0f);
         }

@@ -7,7 +7,7 @@
 #include "kvcache/backend/cpu/thread_pool.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/kernels/new_tokens.hpp"
 
 namespace kvcache {

@@ -15,7 +15,7 @@
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
 #include "kvcache/core/error.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
 namespace kvcache {

@@ -10,7 +10,7 @@
 #include "kvcache/core/bfloat16.hpp"
 #include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 
 namespace kvcache {
 namespace cpu {

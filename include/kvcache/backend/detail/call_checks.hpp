@@ -238,13 +238,6 @@ void check_positions(const Layout& view, span<const int> positions, span<const i
 /// Every check of an append_params call; host_memory: the view's lengths,
 /// the offsets and the positions can be read here.
 /// @tparam Params an append_params
-/// True for a view over an int8 cache (qint8 rows with their scales), which
-/// only the reference backend reads so far: the others refuse it at compile
-/// time rather than read the trailing scale as values.
-/// @tparam Layout a layout view
-template <class Layout>
-inline constexpr bool is_int8_view_v = std::is_same_v<std::remove_cv_t<typename Layout::element_type>, qint8>;
-
 template <class Params>
 void check_call_append(const Params& p, bool host_memory) {
     const int total =

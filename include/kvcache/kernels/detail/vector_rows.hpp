@@ -13,7 +13,7 @@
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
-#include "kvcache/core/int8.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/execution/vector16.hpp"
 
 /// Asks nvcc's device pass to unroll the next loop (constant trip counts keep

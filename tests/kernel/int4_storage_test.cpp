@@ -216,3 +216,54 @@ TEST_CASE("int4 caches: the reference backend appends the owners' rows and dequa
     check_reference(paged_cache<qint4, heads>(2, 32, 4), paged_cache<float, heads>(2, 32, 4),
                     paged_cache<float, heads>(2, 32, 4));
 }
+
+TEST_CASE("read into float or half rows gives the values attention sees, for every stored type") {
+    const int tokens = 5;
+    const auto keys = random_rows(std::size_t(tokens) * kv * dim, 31), values = random_rows(std::size_t(tokens) * kv * dim, 32);
+    const auto read_back = [&](auto& cache, sequence_id id) {
+        std::vector<float> k(keys.size()), v(values.size());
+        cache.read(id, 1, 0, tokens, span<float>(k), span<float>(v));
+        return std::make_pair(k, v);
+    };
+    {  // int4: each value decoded from the bytes by the test
+        paged_cache<qint4, heads> cache(2, 16, 4);
+        const sequence_id id = cache.add_sequence();
+        for (int l = 0; l < 2; ++l) cache.append(id, l, keys, values, tokens);
+        const auto [k, v] = read_back(cache, id);
+        const std::vector<qint4> stored_k = layer_rows(cache, id, 1, true);
+        for (int r = 0; r < tokens * kv; ++r)
+            for (int d = 0; d < dim; ++d)
+                CHECK(double(k[std::size_t(r) * dim + d]) == doctest::Approx(decoded(stored_k.data() + std::size_t(r) * stored, d)).epsilon(1e-7));
+        CHECK(largest_difference(v, values) <= 0.5);  // within the format's step
+        CHECK(largest_difference(v, values) > 0.0);
+        std::vector<half> kh(keys.size()), vh(values.size());
+        cache.read(id, 1, 0, tokens, span<half>(kh), span<half>(vh));
+        CHECK(float(kh[7]) == float(half(k[7])));
+        std::vector<float> short_rows(keys.size() - 1), enough(values.size());
+        CHECK_THROWS_WITH_AS(cache.read(id, 1, 0, tokens, span<float>(short_rows), span<float>(enough)),
+                             doctest::Contains("keys holds 399 elements"), error);
+    }
+    {  // int8: q * the row's scale, read from the bytes
+        contiguous_cache<qint8, heads> cache(2, 1, 8);
+        const sequence_id id = cache.add_sequence();
+        for (int l = 0; l < 2; ++l) cache.append(id, l, keys, values, tokens);
+        const auto [k, v] = read_back(cache, id);
+        std::vector<qint8> sk(std::size_t(tokens) * kv * (dim + 4)), sv(sk.size());
+        cache.read(id, 1, 0, tokens, span<qint8>(sk), span<qint8>(sv));
+        float scale;
+        std::memcpy(&scale, sk.data() + 3 * (dim + 4) + dim, sizeof scale);
+        CHECK(k[3 * dim + 5] == float(sk[std::size_t(3) * (dim + 4) + 5].bits) * scale);
+        CHECK(largest_difference(v, values) <= 4.0 * 4.5 / 254 + 1e-6);  // half a step of the largest |x|
+    }
+    {  // fp8: times the layer's scale
+        sliding_window_cache<float8_e4m3, heads> cache(2, 1, 16, 2, 16);
+        cache.set_scales(1, {0.5f, 0.25f});
+        const sequence_id id = cache.add_sequence();
+        for (int l = 0; l < 2; ++l) cache.append(id, l, keys, values, tokens);
+        const auto [k, v] = read_back(cache, id);
+        std::vector<float8_e4m3> sk(keys.size()), sv(values.size());
+        cache.read(id, 1, 0, tokens, span<float8_e4m3>(sk), span<float8_e4m3>(sv));
+        CHECK(k[11] == float(sk[11]) * 0.5f);
+        CHECK(v[12] == float(sv[12]) * 0.25f);
+    }
+}

@@ -127,6 +127,8 @@ public:
         store_.write(layer, s.slot, s.compaction.stored_row(id, s.length, layer, first, n, "write"), keys, values, n);
     }
 
+    using base::read;  // also into float or 16-bit rows, widened (int8, int4 and fp8 dequantised)
+
     /// Reads rows of positions [first, first + n) of one layer into host arrays.
     void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");

@@ -169,6 +169,36 @@ public:
         derived().write(id, layer, first, span<const Element>(keys), span<const Element>(values), n);
     }
 
+    /// Derived's read() into float, half or bfloat16 rows [token][kv_head][head_dim]:
+    /// the values attention sees (widen_row: fp8 times its layer scale, int8
+    /// and int4 dequantised with their rows' scales), narrowed to Out where Out
+    /// is 16-bit. The same checks and errors as read() of stored rows, counted in
+    /// head_dim values a row.
+    /// @tparam Out float, kvcache::half or kvcache::bfloat16 (not Element itself)
+    template <class Out, class = std::enable_if_t<is_activation_element_v<Out> && !std::is_same_v<Out, Element>>>
+    void read(sequence_id id, int layer, int first, int n, span<Out> key_rows, span<Out> value_rows) const {
+        const kv_scales s = scales(layer);  // checks the layer
+        require_count(n, "n_tokens");
+        const std::int64_t row = std::int64_t(kv_heads()) * Heads::head_dim;
+        require_elements(key_rows.size(), n, row, "keys", "tokens x (kv_heads x head_dim)", " (read of sequence ", id,
+                         ", layer ", layer, ")");
+        require_elements(value_rows.size(), n, row, "values", "tokens x (kv_heads x head_dim)", " (read of sequence ",
+                         id, ", layer ", layer, ")");
+        std::vector<Element> keys(std::size_t(n) * token_row()), values(keys.size());
+        derived().read(id, layer, first, n, span<Element>(keys), span<Element>(values));
+        constexpr int dim = Heads::head_dim;
+        constexpr std::size_t stored = std::size_t(row_elements<Element>(dim));
+        std::vector<float> widened(dim);
+        const auto widen_into = [&](const std::vector<Element>& from, float scale, Out* to) {
+            for (std::size_t r = 0; r < std::size_t(n) * std::size_t(kv_heads()); ++r) {
+                widen_row(from.data() + r * stored, dim, scale, widened.data());
+                for (int d = 0; d < dim; ++d) to[r * dim + std::size_t(d)] = from_float<Out>(widened[std::size_t(d)]);
+            }
+        };
+        widen_into(keys, s.key, key_rows.data());
+        widen_into(values, s.value, value_rows.data());
+    }
+
     /// Removes every sequence not in keep; throws not_found (and removes
     /// nothing) when an id in keep is unknown.
     void keep_only(const std::vector<sequence_id>& keep) {

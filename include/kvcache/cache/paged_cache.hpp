@@ -295,6 +295,8 @@ public:
         });
     }
 
+    using base::read;  // also into float or 16-bit rows, widened (int8, int4 and fp8 dequantised)
+
     /// Reads rows of positions [first, first + n) of one layer into host
     /// arrays (from the host tier while the sequence is swapped out).
     void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {

@@ -121,6 +121,8 @@ public:
         });
     }
 
+    using base::read;  // also into float or 16-bit rows, widened (int8, int4 and fp8 dequantised)
+
     /// Reads rows of present positions [first, first + n) of one layer into host arrays.
     void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");

@@ -190,6 +190,25 @@ KVCACHE_HOST_DEVICE inline float to_float_scaled(Element value, float scale) noe
     else return to_float(value);
 }
 
+/// Widens one stored row of head_dim values to float, as attention reads it:
+/// an fp8 row's values times the layer scale, an int8 row's times its own
+/// scale, an int4 row's group minimum + code * scale, the 16- and 32-bit types'
+/// values as they are (layer_scale is 1 for every type but fp8).
+/// @tparam Element a stored element type (is_stored_element_v)
+template <class Element>
+KVCACHE_HOST_DEVICE inline void widen_row(const Element* row, int head_dim, float layer_scale, float* out) noexcept {
+    if constexpr (std::is_same_v<std::remove_cv_t<Element>, qint4>) {
+        (void)layer_scale;
+        for (int d = 0; d < head_dim; ++d) out[d] = qint4_value(row, head_dim, d);
+    } else if constexpr (std::is_same_v<std::remove_cv_t<Element>, qint8>) {
+        (void)layer_scale;
+        const float scale = row_scale_of(row, head_dim);
+        for (int d = 0; d < head_dim; ++d) out[d] = float(row[d].bits) * scale;
+    } else {
+        for (int d = 0; d < head_dim; ++d) out[d] = to_float_scaled(row[d], layer_scale);
+    }
+}
+
 /// Bytes of one stored element of the given kind (an int4 element is a byte
 /// holding two values: stored_row_bytes gives what a row really takes).
 inline constexpr int element_size(element_kind kind) noexcept {

@@ -156,6 +156,26 @@ TEST_CASE("cuda backend on int8 caches (int8_cuda_instantiations.cu) matches the
     }
 }
 
+TEST_CASE("cuda backend on int4 caches (int4_cuda_instantiations.cu) matches the reference") {
+    const std::string reason = missing_device();
+    if (!reason.empty()) {
+        std::printf("kvcache gpu int4 test skipped: %s\n", reason.c_str());
+        CHECK(!reason.empty());
+        return;
+    }
+    using paged = paged_factory_in<managed_buffer>;
+    using window = sliding_window_factory_in<managed_buffer>;
+    using gqa = head_config<8, 2, 128>;
+    check_attention<paged, qint4, gqa, half>(cuda_backend{}, "cuda");
+    check_append<paged, qint4, gqa, half>(cuda_backend{}, "cuda");
+    check_scores<paged, qint4, gqa, half>(cuda_backend{}, "cuda");
+    for (const dynamic_heads<40> counts : {dynamic_heads<40>(6, 2), dynamic_heads<40>(9, 1), dynamic_heads<40>(3, 3)}) {
+        check_attention<window, qint4, dynamic_heads<40>, float>(cuda_backend{}, "cuda", counts);
+        check_append<window, qint4, dynamic_heads<40>, float>(cuda_backend{}, "cuda", counts);
+        check_scores<window, qint4, dynamic_heads<40>, float>(cuda_backend{}, "cuda", counts);
+    }
+}
+
 TEST_CASE("cuda merge_states: empty states weigh nothing") {
     if (!missing_device().empty()) {
         CHECK(!missing_device().empty());

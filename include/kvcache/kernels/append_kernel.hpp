@@ -5,7 +5,11 @@
 // the host backends write it). Into int8 (qint8) a warp takes a whole row:
 // its max|x| is a warp reduction, and the row comes out as core's
 // quantise_row writes it, bit for bit (a max and a division are exact
-// whichever lane computes them).
+// whichever lane computes them). Into int4 (qint4) a warp takes a whole row
+// too: each group of 32 values is 4 lanes' pieces, its extremes a reduction
+// over those lanes that keeps core's tie rule (the first of equal extremes,
+// which matters for -0 against +0), then core's qint4_choose_group and
+// qint4_code_of, so the row's bytes are quantise_row's bit for bit.
 #pragma once
 
 #include <cmath>
@@ -24,7 +28,7 @@
 namespace kvcache {
 
 /// The append body. Grid: (any x, kv_heads, batch); blocks along x share a
-/// sequence's tokens (8 elements per thread; for qint8 a row per warp).
+/// sequence's tokens (8 elements per thread; for qint8 and qint4 a row per warp).
 /// Positions the layout already dropped are skipped.
 /// @tparam Layout a layout view
 /// @tparam Input float, kvcache::half or kvcache::bfloat16
@@ -45,7 +49,7 @@ struct append_kernel {
         const int length = p.view.length(sequence);
         // Explicit positions may name any present position: each is checked on its own.
         const int first = p.positions ? 0 : detail::first_present_new_token(p.view, sequence, tokens);
-        if constexpr (detail::has_row_scale_v<element>) quantise_rows(ctx, p, kv, sequence, tokens, length, first);
+        if constexpr (is_row_quantised_v<element>) quantise_rows(ctx, p, kv, sequence, tokens, length, first);
         else convert_pieces(ctx, p, kv, sequence, tokens, length, first);
     }
 
@@ -91,11 +95,72 @@ private:
         }
     }
 
+    // Of two extremes of a group, the one of the lower lane unless the higher lane's is strictly
+    // beyond it: quantise_row's left-to-right scan keeps the first of equal values, and taking the
+    // lower lane's on ties makes the reduction that same scan regrouped.
+    KVCACHE_HOST_DEVICE static float lower_of(float mine, float theirs, bool mine_first) {
+        const float first = mine_first ? mine : theirs, second = mine_first ? theirs : mine;
+        return second < first ? second : first;
+    }
+    KVCACHE_HOST_DEVICE static float higher_of(float mine, float theirs, bool mine_first) {
+        const float first = mine_first ? mine : theirs, second = mine_first ? theirs : mine;
+        return second > first ? second : first;
+    }
+
+    // quantise_row (core/int4.hpp) with the row spread over a warp: lane l holds pieces l + 32k of
+    // 8 values, so group g (pieces 4g .. 4g+3) lies in 4 consecutive lanes, and two xor shuffles
+    // (1, then 2) give all four the group's extremes. Lanes past the row hold +inf / -inf, which no
+    // finite value ties. A row holding a NaN or an infinity, or one with a group whose minimum or
+    // scale overflows a half, stores zero codes and NaN records in every group, as core does.
+    template <class Context>
+    KVCACHE_HOST_DEVICE static void quantise_row_of_warp(Context& ctx, const Input* in, qint4* out) {
+        const float infinity = detail::bits_to_float(0x7f800000u);
+        const int lane = ctx.lane();
+        float x[lane_chunks][8] = {};
+        qint4_group groups[lane_chunks] = {};
+        bool finite = true;
+        KVCACHE_UNROLL
+        for (int k = 0; k < lane_chunks; ++k) {
+            const int c = (lane + 32 * k) * 8;
+            float lowest = infinity, highest = -infinity;
+            if (c < heads::head_dim) {
+                detail::load8(ctx, in + c, x[k]);
+                lowest = highest = x[k][0];
+                for (int j = 0; j < 8; ++j) {
+                    if (!(fabsf(x[k][j]) <= 3.402823466e38f)) finite = false;  // NaN and infinities both fail
+                    lowest = x[k][j] < lowest ? x[k][j] : lowest;
+                    highest = x[k][j] > highest ? x[k][j] : highest;
+                }
+            }
+            for (int mask = 1; mask < 4; mask <<= 1) {  // every lane: the shuffles are warp collectives
+                const bool mine_first = (lane & mask) == 0;
+                lowest = lower_of(lowest, ctx.shuffle_xor(lowest, mask), mine_first);
+                highest = higher_of(highest, ctx.shuffle_xor(highest, mask), mine_first);
+            }
+            groups[k] = qint4_choose_group(lowest, highest);
+            if (c < heads::head_dim && groups[k].scale != groups[k].scale) finite = false;
+        }
+        finite = !ctx.warp_any(!finite);
+        KVCACHE_UNROLL
+        for (int k = 0; k < lane_chunks; ++k) {
+            const int piece = lane + 32 * k, c = piece * 8;
+            if (c >= heads::head_dim) continue;
+            for (int j = 0; j < 8; j += 2) {
+                const int low = finite ? qint4_code_of(x[k][j], groups[k]) : 0;
+                const int high = finite ? qint4_code_of(x[k][j + 1], groups[k]) : 0;
+                out[(c + j) / 2].bits = std::uint8_t(low | (high << 4));
+            }
+            if (piece % 4 == 0)  // the group's first lane writes its record
+                set_qint4_group(out, heads::head_dim, c / qint4_group_size,
+                                finite ? groups[k] : qint4_group{detail::quiet_nan(), detail::quiet_nan()});
+        }
+    }
+
     // quantise_row (core/int8.hpp) with the row spread over a warp: scale = max|x| / 127, each value
     // x / scale rounded to nearest even and clamped to [-127, 127]; a zero row stores scale 0 and a
     // row holding a NaN or an infinity stores zeros and core's quiet NaN as its scale.
     template <class Context>
-    KVCACHE_HOST_DEVICE static void quantise_row_of_warp(Context& ctx, const Input* in, element* out) {
+    KVCACHE_HOST_DEVICE static void quantise_row_of_warp(Context& ctx, const Input* in, qint8* out) {
         const int lane = ctx.lane();
         float x[lane_chunks][8] = {};  // zeroed: g++ cannot see that pieces past head_dim are never read
         float largest = 0.0f;

@@ -8,6 +8,7 @@
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/kernels/detail/attention_tile.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
 #include "kvcache/kernels/kernel_params.hpp"
@@ -48,7 +49,7 @@ struct decode_kernel {
     // A dynamic block's rows are heads of one token: each row is its own "token" of the tile, so
     // rows past the group's end are masked the way tokens past a tile's end are.
     using tile_step = detail::attention_tile<group, compiled_group ? group : 1, dim, tile, block_threads,
-                                            detail::has_row_scale_v<element>>;
+                                            is_row_quantised_v<element>>;
     static constexpr int per_thread = tile_step::per_thread;
     /// Dynamic shared memory a launch needs.
     static constexpr std::size_t shared_bytes = tile_step::shared_bytes;

@@ -10,6 +10,7 @@
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/core/stored_row.hpp"
 #include "kvcache/kernels/decode_kernel.hpp"
 #include "kvcache/kernels/detail/attention_tile.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
@@ -47,7 +48,7 @@ struct prefill_kernel {
         prefill_target_rows(dim) / group < 1 ? 1 : prefill_target_rows(dim) / group;  ///< tile tokens per tile
     static constexpr int rows = tile_tokens * group;  ///< query rows of a tile
     static constexpr int tile = attention_tile_keys(dim);
-    using tile_step = detail::attention_tile<rows, group, dim, tile, block_threads, detail::has_row_scale_v<element>>;
+    using tile_step = detail::attention_tile<rows, group, dim, tile, block_threads, is_row_quantised_v<element>>;
     static constexpr int per_thread = tile_step::per_thread;
     /// Dynamic shared memory a launch needs.
     static constexpr std::size_t shared_bytes = tile_step::shared_bytes;

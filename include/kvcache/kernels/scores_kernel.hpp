@@ -45,10 +45,11 @@ struct scores_kernel {
         const auto* stored = p.view.key(sequence, kv, key_position);
         for (int c = 0; c < dim; c += 8) {
             float x[8];
-            detail::load8(ctx, stored + c, x);
+            detail::load_row8<dim>(ctx, stored, c, x);
             for (int j = 0; j < 8; ++j) key[c + j] = x[j];
         }
-        const float key_scale = row_scale_of(stored, dim);  // an int8 row's own scale; 1 for every other type
+        // An int8 row's own scale; a NaN int4 row's NaN (its key loads as zeros); 1 otherwise.
+        const float key_scale = detail::row_factor<dim>(stored);
         const int first_token = p.query_offsets ? p.query_offsets[sequence] : sequence;
         const int tokens = p.query_offsets ? p.query_offsets[sequence + 1] - first_token : 1;
         const int skipped = p.request.queries > 0 && tokens > p.request.queries ? tokens - p.request.queries : 0;

@@ -6,7 +6,9 @@
 // int8 rows (RowScales) are widened to their integers in the tile; each row's
 // scale goes to shared memory beside the tile and is applied once per (query
 // row, key): a key's multiplies its logit, a value's its softmax weight (the
-// running sum keeps the unscaled weight).
+// running sum keeps the unscaled weight). int4 rows (RowScales too) are
+// dequantised in the tile loads with their groups' records (load_row8); their
+// row factor is 1, or NaN for a row that reads NaN, whose values load as zeros.
 #pragma once
 
 #include <cmath>
@@ -49,7 +51,8 @@ KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE float output_scale(const Layout& view) 
 /// @tparam Dim head dimension (a multiple of 8)
 /// @tparam Tile keys per shared-memory tile (at most 32: one key per lane)
 /// @tparam BlockThreads threads per block
-/// @tparam RowScales true when every stored row carries its own scale (qint8)
+/// @tparam RowScales true when rows carry their own factor (qint8: its scale;
+///         qint4: 1, or NaN for a NaN row; see row_factor)
 template <int Rows, int Group, int Dim, int Tile, int BlockThreads, bool RowScales = false>
 struct attention_tile {
     static constexpr int pitch = Dim + 1;  // key rows padded: the score loop reads a column across lanes
@@ -103,14 +106,14 @@ struct attention_tile {
             const Element* key = run.keys + std::size_t(t) * run.stride;
             const Element* value = run.values + std::size_t(t) * run.stride;
             float x[8];
-            load8(ctx, key + c, x);
+            load_row8<Dim>(ctx, key, c, x);
             for (int j = 0; j < 8; ++j) keys[t * pitch + c + j] = x[j];
-            load8(ctx, value + c, x);
+            load_row8<Dim>(ctx, value, c, x);
             for (int j = 0; j < 8; ++j) values[t * Dim + c + j] = x[j];
             if constexpr (RowScales) {
                 if (c == 0) {  // the thread of the row's first piece
-                    row_scales[t] = row_scale_of(key, Dim);
-                    row_scales[Tile + t] = row_scale_of(value, Dim);
+                    row_scales[t] = row_factor<Dim>(key);
+                    row_scales[Tile + t] = row_factor<Dim>(value);
                 }
             }
         }

@@ -38,8 +38,8 @@ void append(thread_pool& pool, const Layout& view, const Input* keys, const Inpu
             const std::size_t source = (std::size_t(row) * view.kv_heads() + kv) * dim;
             element* key = view.key(b, kv, position);
             element* value = view.value(b, kv, position);
-            if constexpr (std::is_same_v<element, qint8>) {
-                // Each row gets its own scale, exactly as the owners' append quantises it.
+            if constexpr (is_row_quantised_v<element>) {
+                // Each row (int4: each group of 32) gets its own scale, exactly as the owners' append quantises it.
                 quantise_row([&](int d) { return to_float(keys[source + std::size_t(d)]); }, dim, key);
                 quantise_row([&](int d) { return to_float(values[source + std::size_t(d)]); }, dim, value);
             } else if constexpr (std::is_same_v<element, Input>) {

@@ -366,7 +366,8 @@ private:
 
     /// Float row pointers of the tile's keys and values: a 16-bit, fp8 or
     /// int8 tile is widened once here, for every row of the block (int8
-    /// without its row scales, which fold applies).
+    /// without its row scales, which fold applies; int4 dequantised whole,
+    /// group scales and minima included).
     template <class Element>
     void float_rows(const key_tile<Element>& tile, const float** keys, const float** values) {
         if constexpr (std::is_same_v<Element, float>) {
@@ -380,7 +381,10 @@ private:
             for (int t = 0; t < tile.count; ++t) {
                 float* key = widened_.data() + std::size_t(t) * Dim;
                 float* value = key + std::size_t(tile_keys) * Dim;
-                if constexpr (Dim % 8 == 0) {
+                if constexpr (std::is_same_v<Element, qint4>) {
+                    dequantise_row<Dim>(tile.keys[t], key);
+                    dequantise_row<Dim>(tile.values[t], value);
+                } else if constexpr (Dim % 8 == 0) {
                     for (int d = 0; d < Dim; d += vec::lanes) {
                         vec::load(tile.keys[t] + d).store(key + d);
                         vec::load(tile.values[t] + d).store(value + d);

@@ -107,6 +107,25 @@ inline void widen(const qint8* __restrict source, float* __restrict destination,
     for (int i = 0; i < n; ++i) destination[i] = float(source[i].bits);
 }
 
+/// Dequantises values [begin, end) of an int4 row of head_dim values (within
+/// one group g) into destination[0, end - begin): minimum + code * scale.
+inline void dequantise_group(const qint4* __restrict row, int head_dim, int g, int begin, int end,
+                             float* __restrict destination) noexcept {
+    const qint4_group group = qint4_group_of(row, head_dim, g);
+    for (int d = begin; d < end; ++d) destination[d - begin] = group.minimum + float(qint4_code(row, d)) * group.scale;
+}
+
+/// Dequantises a whole int4 row of head_dim values into floats, group by
+/// group: the portable form of the vector unpacking in simd.hpp, which the
+/// vector paths also use for a short last group.
+inline void dequantise(const qint4* __restrict row, int head_dim, float* __restrict destination) noexcept {
+    for (int g = 0; g < qint4_groups(head_dim); ++g) {
+        const int begin = g * qint4_group_size;
+        const int end = begin + qint4_group_size < head_dim ? begin + qint4_group_size : head_dim;
+        dequantise_group(row, head_dim, g, begin, end, destination + begin);
+    }
+}
+
 /// Largest of n floats (n a multiple of 8), in 8 lanes so it vectorises.
 inline float lane_max(const float* x, int n) noexcept {
     float lanes[8];

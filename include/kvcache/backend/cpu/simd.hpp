@@ -5,7 +5,9 @@
 // conversion of row_math.hpp; bfloat16 rows widen by a 16-bit shift, fp8
 // rows through binary16 (AVX2) or the software widening, int8 rows by sign
 // extension and conversion, without their scale (the kernels apply it once
-// per row). The kernels are written once against this.
+// per row); int4 rows are dequantised a whole row at a time (dequantise_row),
+// since their scales change every 32 values. The kernels are written once
+// against this.
 // Everything here lives in the ISA-keyed inline namespace of isa.hpp, since
 // its layout and code change with -march.
 #pragma once
@@ -181,6 +183,49 @@ struct vector_for {
     using type = float8;
 #endif
 };
+
+/// Dequantises an int4 row of Dim values into floats (minimum + code * scale
+/// per group of 32): on AVX2 and AVX-512 each whole group's 16 code bytes are
+/// split into nibbles (and, shift), interleaved back into d order, widened to
+/// 32-bit lanes and converted, then one FMA with the group's scale and
+/// minimum; a short last group and the portable build take row_math.hpp's
+/// scalar loop. Used per tile, never over the whole cache.
+/// @tparam Dim head dimension
+template <int Dim>
+inline void dequantise_row(const qint4* row, float* out) noexcept {
+#if KVCACHE_CPU_AVX2_FMA
+    constexpr int whole_groups = Dim / qint4_group_size;
+    for (int g = 0; g < whole_groups; ++g) {
+        const qint4_group group = qint4_group_of(row, Dim, g);
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * qint4_group_size / 2));
+        const __m128i nibble = _mm_set1_epi8(0x0f);
+        const __m128i low = _mm_and_si128(bytes, nibble);                       // even d
+        const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);   // odd d
+        const __m128i codes[2] = {_mm_unpacklo_epi8(low, high), _mm_unpackhi_epi8(low, high)};  // d 0..15, 16..31
+        float* const at = out + g * qint4_group_size;
+#if KVCACHE_CPU_AVX512
+        const __m512 scale = _mm512_set1_ps(group.scale), minimum = _mm512_set1_ps(group.minimum);
+        for (int half_group = 0; half_group < 2; ++half_group) {
+            // maskz forms: g++ 12 warns (-Werror) that the unmasked ones' undefined source may be used.
+            const __m512 code = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, codes[half_group]));
+            _mm512_storeu_ps(at + 16 * half_group, _mm512_fmadd_ps(code, scale, minimum));
+        }
+#else
+        const __m256 scale = _mm256_set1_ps(group.scale), minimum = _mm256_set1_ps(group.minimum);
+        for (int quarter = 0; quarter < 4; ++quarter) {
+            const __m128i eight = quarter % 2 == 0 ? codes[quarter / 2] : _mm_srli_si128(codes[quarter / 2], 8);
+            const __m256 code = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight));
+            _mm256_storeu_ps(at + 8 * quarter, _mm256_fmadd_ps(code, scale, minimum));
+        }
+#endif
+    }
+    if constexpr (Dim % qint4_group_size != 0)
+        dequantise_group(row, Dim, whole_groups, whole_groups * qint4_group_size, Dim,
+                         out + whole_groups * qint4_group_size);
+#else
+    dequantise(row, Dim, out);
+#endif
+}
 
 /// Hints the cache to fetch the line holding p (no effect where unsupported).
 inline void prefetch(const void* p) noexcept {

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstddef>
-#include <type_traits>
 #include <vector>
 
 #include "kvcache/core/element.hpp"
@@ -43,12 +42,7 @@ void round_rows(float* data, std::size_t count, int row_length) {
     for (std::size_t start = 0; start + static_cast<std::size_t>(row_length) <= count; start += std::size_t(row_length)) {
         float* values = data + start;
         quantise_row([values](int d) { return values[d]; }, row_length, row.data());
-        if constexpr (std::is_same_v<Element, qint4>) {
-            for (int d = 0; d < row_length; ++d) values[d] = qint4_value(row.data(), row_length, d);
-        } else {
-            const float scale = row_scale_of(row.data(), row_length);
-            for (int d = 0; d < row_length; ++d) values[d] = float(row[std::size_t(d)].bits) * scale;
-        }
+        widen_row(row.data(), row_length, 1.0f, values);
     }
 }
 }  // namespace detail

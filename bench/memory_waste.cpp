@@ -85,7 +85,7 @@ void report_element(report& out) {
     paged_cache<Element, heads> cache(1, 1, page_size, false);
     cache.begin_append(cache.add_sequence(), page_size);
     const std::size_t held = cache.statistics().bytes_used;
-    // A stored row as the pool holds it: an int8 row's scale is part of it, not waste.
+    // A stored row as the pool holds it: an int8 row's scale and an int4 row's group records are part of it, not waste.
     const std::size_t rows =
         std::size_t(page_size) * 2 * heads::kv_heads() * std::size_t(row_elements<Element>(heads::head_dim)) * sizeof(Element);
     out.add({"memory_waste",

@@ -5,8 +5,8 @@
 #       CONFIGURATIONS <layout>:<element>:<query heads>:<kv heads>:<head dim> ...)
 #
 # layout: contiguous | paged | sliding_window; element: fp32 | fp16 | bf16 |
-# fp8_e4m3 | fp8_e5m2 | int8 (fp8 and int8 caches are instantiated for half queries
-# and rows); a head
+# fp8_e4m3 | fp8_e5m2 | int8 | int4 (fp8, int8 and int4 caches are instantiated for
+# half queries and rows); a head
 # count may be "dynamic" (kvcache::dynamic: one TU serves every count of that
 # head dimension, e.g. paged:fp16:dynamic:dynamic:128). Makes the
 # static library <target> (link it and include kvcache/backend/cuda.hpp from
@@ -99,9 +99,11 @@ function(kvcache_add_cuda_instantiations target)
             set(type "kvcache::float8_e5m2")
         elseif(element STREQUAL "int8")
             set(type "kvcache::qint8")
+        elseif(element STREQUAL "int4")
+            set(type "kvcache::qint4")
         else()
             message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not fp32, fp16, bf16, "
-                                "fp8_e4m3, fp8_e5m2 or int8")
+                                "fp8_e4m3, fp8_e5m2, int8 or int4")
         endif()
         # A head count may be "dynamic": one instantiation then serves every count (kvcache::dynamic).
         set(q_arg "${q}")

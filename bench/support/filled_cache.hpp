@@ -62,11 +62,11 @@ struct filled_cache {
 namespace detail {
 
 /// Writes every present row of each sequence from one random source (an
-/// int8 cache takes the float rows and quantises each with its own scale).
+/// int8 or int4 cache takes the float rows and quantises each with its own scales).
 template <class Cache>
 void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int rows_per_sequence) {
     using stored = typename Cache::element_type;
-    using element = std::conditional_t<std::is_same_v<stored, qint8>, float, stored>;
+    using element = std::conditional_t<is_row_quantised_v<stored>, float, stored>;
     constexpr std::size_t row = std::size_t(Cache::heads::kv_heads()) * Cache::heads::head_dim;
     const std::vector<float> floats = random_floats(std::size_t(rows_per_sequence) * row * 2, 42);
     std::vector<element> keys(std::size_t(rows_per_sequence) * row), values(keys.size());
@@ -91,7 +91,7 @@ void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int
 }  // namespace detail
 
 /// Contiguous (static) cache: batch slots of exactly `context` positions.
-/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type or kvcache::qint8
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type, kvcache::qint8 or kvcache::qint4
 /// @tparam Heads a head_config with compiled counts
 template <class Element, class Heads = bench_heads>
 filled_cache<static_cache<Element, Heads>> make_contiguous(int batch, int context) {
@@ -109,7 +109,7 @@ filled_cache<static_cache<Element, Heads>> make_contiguous(int batch, int contex
 
 /// Paged cache (16-token pages unless told) handed out round-robin across the
 /// batch (as a server interleaves requests), so a sequence's pages are not adjacent.
-/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type or kvcache::qint8
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type, kvcache::qint8 or kvcache::qint4
 /// @tparam Heads a head_config with compiled counts
 template <class Element, class Heads = bench_heads>
 filled_cache<paged_cache<Element, Heads>> make_paged(int batch, int context, int page_size = bench_page_size) {
@@ -128,7 +128,7 @@ filled_cache<paged_cache<Element, Heads>> make_paged(int batch, int context, int
 /// Sliding-window cache whose decode query sees `visible` keys (4 sinks plus
 /// a window of visible - 4), generated past the ring's end so the ring has
 /// wrapped: each sequence's keys come in three runs (sinks, ring tail, ring head).
-/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type or kvcache::qint8
+/// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type, kvcache::qint8 or kvcache::qint4
 template <class Element>
 filled_cache<sliding_window_cache<Element, bench_heads>> make_sliding_window(int batch, int visible) {
     filled_cache<sliding_window_cache<Element, bench_heads>> out;

@@ -43,8 +43,9 @@ options:
                        is present; emulated: the CUDA path's steps on kvcache's
                        SIMT emulator, slow, to check it without a GPU)
   --layout KIND        contiguous | paged | sliding_window (default paged)
-  --dtype TYPE         fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8: the cache's element type
-                       (default fp32; fp8 is e4m3, stored with per-layer scales; int8 with a scale per row)
+  --dtype TYPE         fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8 | int4: the cache's element type
+                       (default fp32; fp8 is e4m3, stored with per-layer scales; int8 with a scale per row;
+                       int4 with a half scale and minimum per group of 32)
   --page-size N        paged: tokens per page (default 16)
   --window N           sliding_window: keys a query sees (default 512)
   --sinks N            sliding_window: first positions kept forever (default 4)

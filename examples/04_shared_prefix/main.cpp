@@ -421,9 +421,10 @@ int main(int argc, char** argv) {
         s.repeats = args.integer("--repeats", 21, 1, 100000);
         const kvcache::element_kind element = args.element("--dtype", kvcache::element_kind::fp32);
         // parse_element_kind reads fp8 and int8 names; this program has no path for them
-        if (kvcache::is_scaled_kind(element) || element == kvcache::element_kind::int8)
+        if (kvcache::is_scaled_kind(element) || element == kvcache::element_kind::int8 ||
+            element == kvcache::element_kind::int4)
             throw ex::usage_error("--dtype " + std::string(kvcache::to_string(element)) +
-                                  ": 04_shared_prefix runs fp32, fp16 and bf16 caches (02_generate and 06_llama run fp8 and int8)");
+                                  ": 04_shared_prefix runs fp32, fp16 and bf16 caches (02_generate and 06_llama run fp8, int8 and int4)");
         kvcache::cpu::set_thread_count(args.integer("--threads", 0, 0, 1024));
         if (element == kvcache::element_kind::fp16) return run<kvcache::half>(s);
         if (element == kvcache::element_kind::bf16) return run<kvcache::bfloat16>(s);

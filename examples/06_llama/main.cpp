@@ -46,9 +46,10 @@ options:
                          with full attention; layers the config windows (Mistral's sliding_window,
                          Qwen2's layer_types / max_window_layers) always go into a sliding-window
                          cache of the config's window, without sinks
-  --dtype TYPE           fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8: the cache's element type
-                         (default fp32; fp8 is e4m3, stored with per-layer scales; int8 stores
-                         a float scale with each row of each head)
+  --dtype TYPE           fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8 | int4: the cache's element
+                         type (default fp32; fp8 is e4m3, stored with per-layer scales; int8 stores
+                         a float scale with each row of each head; int4 a half scale and minimum
+                         with each group of 32 values)
   --page-size N          paged: tokens per page (default 16)
   --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
   --sinks N              sliding_window: first positions kept forever in those layers (default 4)
@@ -130,8 +131,8 @@ ex::compression_options compression_of(const ex::arguments& args) {
 
 // Tokens and bytes each layer holds at the end, and the pages the sequence held.
 void print_held(const ex::cached_generation& run, const ex::cache_options& cache, const ex::model_config& config) {
-    const std::size_t row_bytes = 2 * std::size_t(config.num_kv_heads) * std::size_t(config.head_dim) *
-                                  kvcache::element_size(cache.element);
+    const std::size_t row_bytes =
+        2 * std::size_t(config.num_kv_heads) * std::size_t(kvcache::stored_row_bytes(cache.element, config.head_dim));
     std::printf("kv policy: %s; %d compactions\n", cache.compression.describe().c_str(), run.compactions);
     if (run.rows_held.empty()) {  // the CUDA path does not report rows (it runs no policy)
         std::printf("pages in use: %zu bytes\n", run.bytes_used);

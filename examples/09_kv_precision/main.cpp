@@ -37,7 +37,7 @@ and the bytes per token and layer each type stores.
 options:
   --model DIR            the model folder (required)
   --types LIST           comma-separated storage types besides fp32
-                         (default fp16,bf16,e4m3,e5m2,int8)
+                         (default fp16,bf16,e4m3,e5m2,int8,int4)
   --windows N            held-out windows of 255 bytes (default 2; 0: all)
   --layout KIND          paged | contiguous (default paged)
   --page-size N          paged: tokens per page (default 16)
@@ -45,6 +45,8 @@ options:
                          the most a 16-bit type's perplexity may rise, in percent (default 0.5)
   --max-perplexity-change-8bit P
                          the same for the 8-bit types (default 5)
+  --max-perplexity-change-4bit P
+                         the same for int4 (default 10)
   --threads N            CPU threads (default 1)
   --json FILE            also write the table as {"machine", "results"} (the bench's schema)
   --help                 this text
@@ -90,7 +92,7 @@ struct reference_step {
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help"},
                        {"--model", "--types", "--windows", "--layout", "--page-size", "--max-perplexity-change-16bit",
-                        "--max-perplexity-change-8bit", "--threads", "--json"});
+                        "--max-perplexity-change-8bit", "--max-perplexity-change-4bit", "--threads", "--json"});
     if (args.has("--help")) {
         std::cout << usage;
         return 0;
@@ -98,16 +100,17 @@ int run(int argc, char** argv) {
     if (!args.has("--model")) throw ex::usage_error("--model DIR is required (see --help)");
     const std::string dir = args.text("--model", "");
     std::vector<kvcache::element_kind> kinds{kvcache::element_kind::fp32};
-    for (const std::string& name : ex::split_commas(args.text("--types", "fp16,bf16,e4m3,e5m2,int8"))) {
+    for (const std::string& name : ex::split_commas(args.text("--types", "fp16,bf16,e4m3,e5m2,int8,int4"))) {
         kvcache::element_kind kind;
         if (!kvcache::parse_element_kind(name.c_str(), kind))
-            throw ex::usage_error("--types: '" + name + "' is not a storage type (fp16, bf16, e4m3, e5m2, int8, fp32)");
+            throw ex::usage_error("--types: '" + name + "' is not a storage type (fp16, bf16, e4m3, e5m2, int8, int4, fp32)");
         if (kind != kvcache::element_kind::fp32) kinds.push_back(kind);
     }
     const int window_count = args.integer("--windows", 2, 0, 1 << 20);
     const int threads = args.integer("--threads", 1, 1, 1024);
     const double limit_16 = percent(args, "--max-perplexity-change-16bit", 0.5);
     const double limit_8 = percent(args, "--max-perplexity-change-8bit", 5.0);
+    const double limit_4 = percent(args, "--max-perplexity-change-4bit", 10.0);
     ex::cache_options cache;
     cache.layout = args.layout("--layout", kvcache::layout_kind::paged);
     if (cache.layout == kvcache::layout_kind::sliding_window)
@@ -191,7 +194,9 @@ int run(int argc, char** argv) {
                         std::to_string(bytes_vs_fp32(t)) + " of fp32's bytes; its rows are " +
                         std::to_string(expected) + " of fp32's\n";
         }
-        const double limit = kvcache::element_size(t.kind) >= 2 ? limit_16 : limit_8;
+        const double limit = t.kind == kvcache::element_kind::int4 ? limit_4
+                             : kvcache::element_size(t.kind) >= 2  ? limit_16
+                                                                   : limit_8;
         if (perplexity_change(t) > limit) {
             within = false;
             verdicts += std::string("  ") + kvcache::to_string(t.kind) + ": perplexity rose " +
@@ -221,8 +226,8 @@ int run(int argc, char** argv) {
         ex::write_json_report(args.text("--json", ""), machine, results);
     }
     std::printf("\nevery type held exactly its rows' share of fp32's bytes: %s\n", bytes_match ? "yes" : "no");
-    std::printf("every type's perplexity within its limit (16-bit %.2f%%, 8-bit %.2f%%): %s\n", limit_16 * 100.0,
-                limit_8 * 100.0, within ? "yes" : "no");
+    std::printf("every type's perplexity within its limit (16-bit %.2f%%, 8-bit %.2f%%, 4-bit %.2f%%): %s\n",
+                limit_16 * 100.0, limit_8 * 100.0, limit_4 * 100.0, within ? "yes" : "no");
     return within && bytes_match ? 0 : 1;
 }
 

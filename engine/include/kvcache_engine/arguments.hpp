@@ -75,13 +75,13 @@ public:
         throw usage_error(name + " '" + v + "' is not one of contiguous, paged, sliding_window");
     }
 
-    /// fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8 (kvcache::parse_element_kind's names).
+    /// fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8 | int4 (kvcache::parse_element_kind's names).
     element_kind element(const std::string& name, element_kind fallback) const {
         if (!has(name)) return fallback;
         const std::string& v = values_.at(name);
         element_kind kind{};
         if (parse_element_kind(v.c_str(), kind)) return kind;
-        throw usage_error(name + " '" + v + "' is not one of fp32, fp16, bf16, fp8 (e4m3), e4m3, e5m2, int8");
+        throw usage_error(name + " '" + v + "' is not one of fp32, fp16, bf16, fp8 (e4m3), e4m3, e5m2, int8, int4");
     }
 
     static int parse_int(const std::string& name, const std::string& text, int low, int high) {

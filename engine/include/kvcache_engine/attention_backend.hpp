@@ -35,14 +35,14 @@ template <class Element>
 void round_scaled(float* data, std::size_t count, float scale) {
     for (std::size_t i = 0; i < count; ++i) data[i] = to_float_scaled(from_float_scaled<Element>(data[i], scale), scale);
 }
-// Each row of `row_length` values quantised with its own scale and read back (int8).
-inline void round_rows_int8(float* data, std::size_t count, int row_length) {
-    std::vector<qint8> row(static_cast<std::size_t>(row_elements<qint8>(row_length)));
+// Each row of `row_length` values quantised with its own scales and read back (int8, int4).
+template <class Element>
+void round_rows(float* data, std::size_t count, int row_length) {
+    std::vector<Element> row(static_cast<std::size_t>(row_elements<Element>(row_length)));
     for (std::size_t start = 0; start + static_cast<std::size_t>(row_length) <= count; start += std::size_t(row_length)) {
         float* values = data + start;
         quantise_row([values](int d) { return values[d]; }, row_length, row.data());
-        const float scale = row_scale_of(row.data(), row_length);
-        for (int d = 0; d < row_length; ++d) values[d] = float(row[std::size_t(d)].bits) * scale;
+        widen_row(row.data(), row_length, 1.0f, values);
     }
 }
 }  // namespace detail
@@ -50,24 +50,25 @@ inline void round_rows_int8(float* data, std::size_t count, int row_length) {
 /// Rounds values through a storage element type, so recomputed K/V see the
 /// same precision as K/V read back from a cache of that type (fp8: divided by
 /// the layer's scale, rounded and saturated, multiplied back, as the cache
-/// stores and reads them; int8: each row of row_length values, one head of one
-/// token, quantised with its own scale as the cache's append does).
+/// stores and reads them; int8 and int4: each row of row_length values, one head
+/// of one token, quantised with its own scales as the cache's append does).
 inline void round_through(element_kind kind, float* data, std::size_t count, float scale = 1.0f, int row_length = 0) {
     if (kind == element_kind::fp16) detail::round_scaled<half>(data, count, scale);
     if (kind == element_kind::bf16) detail::round_scaled<bfloat16>(data, count, scale);
     if (kind == element_kind::fp8_e4m3) detail::round_scaled<float8_e4m3>(data, count, scale);
     if (kind == element_kind::fp8_e5m2) detail::round_scaled<float8_e5m2>(data, count, scale);
-    if (kind == element_kind::int8) {
-        require(row_length > 0 && count % std::size_t(row_length) == 0, error_code::invalid_argument,
-                "round_through int8: row_length = ", row_length, " must be positive and divide count = ", count);
-        detail::round_rows_int8(data, count, row_length);
+    if (kind == element_kind::int8 || kind == element_kind::int4) {
+        require(row_length > 0 && count % std::size_t(row_length) == 0, error_code::invalid_argument, "round_through ",
+                to_string(kind), ": row_length = ", row_length, " must be positive and divide count = ", count);
+        if (kind == element_kind::int8) detail::round_rows<qint8>(data, count, row_length);
+        else detail::round_rows<qint4>(data, count, row_length);
     }
 }
 
 /// The type queries, outputs and new rows travel in to a GPU backend's cache
-/// of this kind: the kind itself, fp16 for fp8 and int8 (default_activation_t).
+/// of this kind: the kind itself, fp16 for fp8, int8 and int4 (default_activation_t).
 inline element_kind activation_kind(element_kind kind) noexcept {
-    return is_scaled_kind(kind) || kind == element_kind::int8 ? element_kind::fp16 : kind;
+    return is_scaled_kind(kind) || kind == element_kind::int8 || kind == element_kind::int4 ? element_kind::fp16 : kind;
 }
 
 /// Attention without a cache: every call holds the whole sequence from position 0,

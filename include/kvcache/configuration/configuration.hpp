@@ -179,9 +179,9 @@ using all_elements = type_list<float, half, bfloat16>;
 /// The fp8 storage element types (stored with per-layer kv_scales).
 using fp8_elements = type_list<float8_e4m3, float8_e5m2>;
 
-/// Every storage element type: all_elements, fp8_elements and int8 (qint8, a
-/// float scale per row).
-using cache_elements = type_list<float, half, bfloat16, float8_e4m3, float8_e5m2, qint8>;
+/// Every storage element type: all_elements, fp8_elements, int8 (qint8, a
+/// float scale per row) and int4 (qint4, a half scale and minimum per group of 32).
+using cache_elements = type_list<float, half, bfloat16, float8_e4m3, float8_e5m2, qint8, qint4>;
 
 /// Dynamic head counts for the head dimensions public checkpoints use
 /// (64: GPT-2, TinyLlama; 80: Phi-2; 96: Phi-3; 128: Llama, Mistral, Qwen;

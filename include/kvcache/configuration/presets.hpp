@@ -91,8 +91,8 @@ using preset_heads = type_list<llama3_8b::heads, llama2_7b::heads, qwen2_5_7b::h
 /// Every layout x element type x preset head configuration (36 configurations).
 using preset_configurations = configuration_product_t<all_layouts, all_elements, presets::preset_heads>;
 
-/// Dynamic head counts in every layout and element type, fp8 and int8
-/// included, for the usual head dimensions (dynamic_head_dims): 90 configurations that run
+/// Dynamic head counts in every layout and element type, fp8, int8 and int4
+/// included, for the usual head dimensions (dynamic_head_dims): 105 configurations that run
 /// any model of those dimensions, through a generic instantiation per dimension.
 using dynamic_configurations = configuration_product_t<all_layouts, cache_elements, dynamic_head_dims>;
 

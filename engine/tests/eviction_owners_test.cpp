@@ -24,8 +24,10 @@ namespace {
 using namespace kvcache::examples;
 using heads = kvcache::head_config<4, 2, 16>;
 constexpr int query_heads = heads::query_heads(), kv_heads = heads::kv_heads(), dim = heads::head_dim;
-constexpr int layers = 2, prompt = 24, decode_steps = 20, budget = 10, sinks = 2, recent = 4;
-constexpr int window = 16, window_sinks = 2, chunk = 32;  // the sliding-window owner's
+constexpr int layers = 2, prompt = 12, decode_steps = 30, budget = 10, sinks = 2, recent = 4;
+// The sliding-window owner's: a ring of window + chunk - 1 = 19 rows, so positions leave it from
+// length 21 on and the policy's scores must follow their rows.
+constexpr int window = 8, window_sinks = 2, chunk = prompt;
 
 // Every K/V row fed so far, by layer and position: the oracle's memory.
 struct history {
@@ -163,8 +165,10 @@ void run_policy(Cache& cache, kvcache::eviction_policy p, kvcache::attention_vis
             for (int r = 0; r < recent; ++r) CHECK(kept[std::size_t(budget - 1 - r)] == position - 1 - r);
         }
     }
-    CHECK(attention.compactions() == decode_steps + 1);
-    if (p == kvcache::eviction_policy::h2o) CHECK(checked_choices > decode_steps);  // most passes were checked
+    // Every pass compacts, except on a window a pass where the ring took a kept row from every layer.
+    CHECK(attention.compactions() <= decode_steps + 1);
+    CHECK(attention.compactions() > decode_steps / 2);
+    if (p == kvcache::eviction_policy::h2o) CHECK(checked_choices >= decode_steps);  // most layers' passes were checked
     CHECK(bytes_used_of(cache) == std::size_t(layers) * budget * 2 * kv_heads * dim * sizeof(float));
 }
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvcache/cache/contiguous_cache.hpp"
@@ -93,7 +94,8 @@ compression_options policy(kvcache::eviction_policy p) {
 template <class Attention, class Cache, class PresentFor>
 void run_policy(Cache& cache, kvcache::eviction_policy p, kvcache::attention_visibility visibility,
                 PresentFor&& present_for) {
-    CAPTURE(kvcache::to_string(p));
+    const std::string policy_name = kvcache::to_string(p);
+    CAPTURE(policy_name);
     Attention attention(cache);
     attention.compress_with(policy(p));
     const kvcache::sequence_id id = attention.sequence();

@@ -1,8 +1,16 @@
 # Runs 06_llama with --kv-policy POLICY --kv-budget BUDGET and with --kv-policy none on the same
 # prompt, and checks that every one of LAYERS layers ends holding exactly BUDGET tokens and that
-# the policy's pages hold fewer bytes than the full cache's (the pool's own accounting).
-# -DLLAMA=exe -DMODEL=dir -DPROMPT=ids -DPOLICY=name -DBUDGET=n -DLAYERS=n [-DEXTRA=a;b]
+# the policy's cache holds fewer bytes than the full cache's (the owner's own accounting).
+# Both runs use -DLAYOUT (default paged) and -DWINDOW (sliding_window); "cache in use" is the
+# owner's accounting (paged: pages; contiguous and sliding window: rows stored).
+# -DLLAMA=exe -DMODEL=dir -DPROMPT=ids -DPOLICY=name -DBUDGET=n -DLAYERS=n [-DLAYOUT=kind] [-DWINDOW=n] [-DEXTRA=a;b]
 set(_common --model ${MODEL} --prompt-ids ${PROMPT} --max-new-tokens 40 --backend cpu --threads 2 --page-size 4)
+if(DEFINED LAYOUT)
+    list(APPEND _common --layout ${LAYOUT})
+endif()
+if(DEFINED WINDOW)
+    list(APPEND _common --window ${WINDOW})
+endif()
 function(run_llama policy out_var)
     execute_process(COMMAND ${LLAMA} ${_common} --kv-policy ${policy} ${ARGN}
                     OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
@@ -21,12 +29,12 @@ foreach(l RANGE 0 ${_last})
     endif()
 endforeach()
 foreach(v full policy)
-    if(NOT ${v}_out MATCHES "pages in use: ([0-9]+) bytes")
-        message(FATAL_ERROR "no 'pages in use' line in the ${v} run")
+    if(NOT ${v}_out MATCHES "cache in use: ([0-9]+) bytes")
+        message(FATAL_ERROR "no 'cache in use' line in the ${v} run")
     endif()
     set(${v}_bytes ${CMAKE_MATCH_1})
 endforeach()
 if(NOT policy_bytes LESS full_bytes)
     message(FATAL_ERROR "${POLICY} holds ${policy_bytes} bytes, not fewer than the full cache's ${full_bytes}")
 endif()
-message(STATUS "${POLICY}: ${policy_bytes} bytes in pages against ${full_bytes} with the full cache: fewer")
+message(STATUS "${POLICY}: ${policy_bytes} bytes in use against ${full_bytes} with the full cache: fewer")

@@ -54,7 +54,7 @@ options:
   --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
   --sinks N              sliding_window: first positions kept forever in those layers (default 4)
   --kv-policy NAME       none | streaming | h2o | snapkv | tova | knorm | random: evict K/V rows once a
-                         layer holds more than its budget (paged layout, CPU backend; default none)
+                         layer holds more than its budget (every layout, CPU backend; default none)
   --kv-budget N          rows each layer keeps (tokens per sequence; default: --kv-ratio 0.5)
   --kv-ratio R           or a ratio in (0, 1] of the sequence's length (never below sinks + recent)
   --kv-layer-budgets K   uniform | pyramid: the same budget per layer, or PyramidKV's decreasing ones
@@ -62,7 +62,7 @@ options:
   --kv-compress-every N  decode steps between compactions; 0: only after the prefill (default 1)
   --kv-compress-when-free-below PAGES
                          also compact after any step that leaves fewer than PAGES pages free
-                         in the pool (the pool running short); 0: never (default 0)
+                         in the pool (the pool running short; paged layout); 0: never (default 0)
   --kv-sinks N           first rows every policy keeps (default 4)
   --kv-recent N          last rows every policy keeps (default 8)
   --kv-window N          snapkv: the prompt's last queries whose attention ranks rows (default 16)
@@ -129,13 +129,14 @@ ex::compression_options compression_of(const ex::arguments& args) {
     return c;
 }
 
-// Tokens and bytes each layer holds at the end, and the pages the sequence held.
+// Tokens and bytes each layer holds at the end, and the cache memory the sequence held
+// (paged: its pages; contiguous and sliding window: the rows they store).
 void print_held(const ex::cached_generation& run, const ex::cache_options& cache, const ex::model_config& config) {
     const std::size_t row_bytes =
         2 * std::size_t(config.num_kv_heads) * std::size_t(kvcache::stored_row_bytes(cache.element, config.head_dim));
     std::printf("kv policy: %s; %d compactions\n", cache.compression.describe().c_str(), run.compactions);
     if (run.rows_held.empty()) {  // the CUDA path does not report rows (it runs no policy)
-        std::printf("pages in use: %zu bytes\n", run.bytes_used);
+        std::printf("cache in use: %zu bytes\n", run.bytes_used);
         return;
     }
     std::size_t total = 0;
@@ -143,7 +144,7 @@ void print_held(const ex::cached_generation& run, const ex::cache_options& cache
         std::printf("layer %zu holds %d tokens, %zu bytes\n", l, run.rows_held[l], run.rows_held[l] * row_bytes);
         total += run.rows_held[l] * row_bytes;
     }
-    std::printf("held in all layers: %zu bytes in rows; pages in use: %zu bytes\n", total, run.bytes_used);
+    std::printf("held in all layers: %zu bytes in rows; cache in use: %zu bytes\n", total, run.bytes_used);
 }
 
 int run(int argc, char** argv) {
@@ -192,9 +193,6 @@ int run(int argc, char** argv) {
     if (cache.compression.active() && args.has("--compare"))
         throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
                               " evicts rows that recomputation keeps; --compare checks a cache that keeps them all");
-    if (cache.compression.active() && cache.layout != kvcache::layout_kind::paged)
-        throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
-                              " compacts the paged layout; --layout is " + kvcache::to_string(cache.layout));
     if (cache.compression.active() && backend_request == "cuda")
         throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
                               " runs on the CPU backend; --backend cuda was asked for");

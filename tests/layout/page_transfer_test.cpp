@@ -377,8 +377,9 @@ TEST_CASE("a sliding-window sequence goes through bytes into another window cach
     SUBCASE("a window of other sinks or ring is refused, naming both, the receiver unchanged") {
         sliding_window_cache<half, heads> other(layers, 2, 8, 2, 3);
         CHECK_THROWS_WITH_AS(import_pages(other, sent),
-                             "kvcache: invalid_argument: layer 0 of the export holds 14 positions of a sequence of 40 "
-                             "tokens, not the 12 this window keeps (sinks 2, ring 10)",
+                             "kvcache: invalid_argument: layer 0 of the export holds position 2, which this window "
+                             "(sinks 2, ring 10) does not keep in a sequence of 40 tokens (the export names 14 "
+                             "positions, the window keeps 12)",
                              error);
         CHECK(other.sequences().empty());
     }
@@ -394,6 +395,21 @@ TEST_CASE("a sliding-window sequence goes through bytes into another window cach
                              "kvcache: invalid_argument: the export holds a paged sequence but the cache is sliding_window",
                              error);
         CHECK(window.sequences().empty());
+    }
+    SUBCASE("a compacted sequence imports with the same holes and attends there as it did") {
+        // Visible rows: sinks 0-3, ring 30-39; keep sinks 0 and 2 and ring positions 31, 35, 38, 39.
+        prefill.compact(source, std::vector<std::vector<int>>(std::size_t(layers), std::vector<int>{0, 2, 5, 9, 12, 13}));
+        const page_export<half> compacted = export_pages(prefill, source);
+        CHECK(compacted.payload_bytes() == std::size_t(6) * row * 2 * layers * sizeof(half));
+        const auto compacted_bytes = to_bytes(compacted);
+        const sequence_id copy = import_pages(decode, page_export_from_bytes<half>(compacted_bytes));
+        CHECK(decode.compacted(copy));
+        CHECK(decode.present_positions(copy) == std::vector<int>{0, 2, 31, 35, 38, 39});
+        for (int l = 0; l < layers; ++l) {
+            CHECK(decode.visible_count(copy, l) == 6);
+            CHECK(window_rows(decode, copy, l) == window_rows(prefill, source, l));
+        }
+        CHECK(same_attention(prefill, source, decode, copy, 1));
     }
     SUBCASE("a window cache with no free slot refuses it") {
         sliding_window_cache<half, heads> full(layers, 1, 8, 4, 3);

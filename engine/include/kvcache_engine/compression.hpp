@@ -2,8 +2,8 @@
 // needs from each attention step, when a sequence is compacted (after the
 // prefill, every N decode steps), and how many rows each layer keeps. The
 // rows themselves are chosen by the library's policy layer (select_rows);
-// kvcache_attention.hpp asks the kernels for the scores and calls
-// paged_cache::compact with the choice.
+// eviction_driver.hpp asks the kernels for the scores and calls the
+// owner's compact() with the choice.
 #pragma once
 
 #include <algorithm>
@@ -142,6 +142,12 @@ public:
     row_scores of(int layer) const {
         if (sums_.rows(layer) == 0) return {};
         return {sums_.scores(layer), sums_.kv_heads(), sums_.rows(layer)};
+    }
+
+    /// The layer's rows left without a compaction (a sliding window's ring
+    /// moved on): every policy's scores of the rows at `staying` stay theirs.
+    void follow(int layer, const std::vector<int>& staying) {
+        sums_.keep(layer, span<const int>(staying.data(), staying.size()));
     }
 
     /// The cache kept `kept` of the layer's rows.

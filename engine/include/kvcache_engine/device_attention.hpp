@@ -3,7 +3,8 @@
 // device's stream); per layer the new tokens' Q/K/V are converted to the
 // cache's element type (half for an fp8 cache: default_activation_t) and uploaded, the backend object's append and
 // prefill/decode run (append_and_attend, the same steps as the CPU path), and
-// the outputs come back as float. cuda_attention.hpp gives the CUDA policy
+// the outputs come back as float; with an eviction policy the step's scores
+// come back too and the owner compacts (eviction_driver.hpp, as on the CPU path). cuda_attention.hpp gives the CUDA policy
 // (device memory, a stream, cuda_backend); emulated_device below runs the same
 // steps on emulated_backend over host memory, so a machine without a GPU can
 // check everything but the copies (02_generate --backend emulated).
@@ -16,6 +17,7 @@
 #include "kvcache/backend/emulated.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/memory.hpp"
+#include "kvcache_engine/eviction_driver.hpp"
 #include "kvcache_engine/kvcache_attention.hpp"
 
 namespace kvcache::examples {
@@ -70,16 +72,46 @@ public:
         element* keys = queries + q_count;
         element* values = keys + kv_count;
         device_.upload(queries, staging_.data(), upload);
-        append_and_attend(device_.backend(), plan_, layer, span<const element>(queries, q_count),
-                          span<const element>(keys, kv_count), span<const element>(values, kv_count),
-                          span<element>(outputs_.data(), q_count));
+        const span<const element> q_span(queries, q_count), k_span(keys, kv_count), v_span(values, kv_count);
+        const span<element> o_span(outputs_.data(), q_count);
+        const int rows = eviction_.wanted() ? cache_.visible_count(batch_[0], layer) : 0;
+        const std::size_t score_count = std::size_t(cache_.kv_heads()) * std::size_t(rows);
+        if (!eviction_.active()) {
+            append_and_attend(device_.backend(), plan_, layer, q_span, k_span, v_span, o_span);
+        } else {
+            span<float> scores;
+            if (eviction_.wanted()) {
+                if (scores_.size() < score_count) scores_ = buffer<float>(score_count);
+                host_scores_.assign(score_count, 0.0f);
+                device_.upload(scores_.data(), host_scores_.data(), score_count);  // rows nothing saw stay 0
+                scores = span<float>(scores_.data(), score_count);
+            }
+            append_and_attend_scored(device_.backend(), plan_, layer, q_span, k_span, v_span, o_span, scores, rows,
+                                     eviction_.score_queries(tokens));
+            if (eviction_.wanted()) device_.download(host_scores_.data(), scores_.data(), score_count);
+        }
 
         results_.resize(q_count);
         device_.download(results_.data(), outputs_.data(), q_count);
-        // The host needs the outputs now (the next layer's input).
+        // The host needs the outputs now (the next layer's input), and the policy the scores.
         device_.finish();
         for (std::size_t i = 0; i < q_count; ++i) out[i] = to_float(results_[i]);
+        if (!eviction_.active()) return;
+        if (eviction_.wanted())
+            eviction_.record(cache_, batch_[0], layer, span<const float>(host_scores_.data(), score_count), rows,
+                             tokens > 1);
+        eviction_.after_layer(cache_, batch_[0], plan_, layer, tokens > 1);
     }
+
+    sequence_id sequence() const noexcept { return batch_[0]; }
+
+    /// Evicts with `options` from the next pass on, as host_attention does
+    /// (eviction_driver::configure; knorm only on a host-memory owner).
+    void compress_with(const compression_options& options) { eviction_.configure(cache_, options); }
+    /// Rows each layer of the sequence holds now.
+    std::vector<int> rows_held() const { return eviction_.rows_held(cache_, batch_[0]); }
+    /// Compactions run so far.
+    int compactions() const noexcept { return eviction_.compactions(); }
 
 private:
     template <class T>
@@ -91,6 +123,9 @@ private:
     typename Cache::plan_type plan_;
     std::vector<element> staging_, results_;
     buffer<element> inputs_, outputs_;
+    eviction_driver<Cache> eviction_;
+    std::vector<float> host_scores_;
+    buffer<float> scores_;
 };
 
 /// The device policy of the SIMT emulator: host memory, emulated_backend.

@@ -68,7 +68,7 @@ cache_footprint teacher_force_with_kvcache(llama_model& model, const std::vector
                 }
                 footprint.rows_held = attention.rows_held();
                 footprint.compactions = attention.compactions();
-                footprint.bytes_used = detail::bytes_used_of(owner);
+                footprint.bytes_used = bytes_used_of(owner);
                 return footprint;
             });
     });

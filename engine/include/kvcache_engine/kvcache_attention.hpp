@@ -25,6 +25,7 @@
 #include "kvcache/policy/key_norms.hpp"
 #include "kvcache_engine/attention_backend.hpp"
 #include "kvcache_engine/compression.hpp"
+#include "kvcache_engine/eviction_driver.hpp"
 #include "kvcache_engine/tiny_llama.hpp"
 
 namespace kvcache::examples {
@@ -49,27 +50,35 @@ void append_and_attend(const Backend& backend, const Plan& plan, int layer, span
         backend.prefill(prefill_params(view, queries, plan.new_token_offsets(), outputs));
 }
 
-namespace detail {
-template <class Cache, class = void>
-struct compacts : std::false_type {};
-template <class Cache>
-struct compacts<Cache, std::void_t<decltype(std::declval<Cache&>().compact(sequence_id{},
-                                                                          std::vector<std::vector<int>>{})),
-                                   decltype(std::declval<const Cache&>().statistics())>>
-    : std::true_type {};
-}  // namespace detail
-
-/// True when the owner can keep chosen rows of a sequence and has a page pool
-/// whose use the policy path reports and watches (paged_cache). The contiguous
-/// and sliding-window owners compact too, but this engine's policy path does
-/// not drive them yet.
-/// @tparam Cache a kvcache owner
-template <class Cache>
-inline constexpr bool compacts_v = detail::compacts<Cache>::value;
+/// append_and_attend of a plan of one sequence that also writes the step's
+/// attention per visible row into scores ([kv_heads][stride], where the
+/// backend writes; empty: none), a prefill's from its last score_queries queries.
+/// @tparam Backend cpu_backend, emulated_backend or cuda_backend (or reference_backend)
+/// @tparam Plan a step_plan
+/// @tparam Input the rows' element type
+template <class Backend, class Plan, class Input>
+void append_and_attend_scored(const Backend& backend, const Plan& plan, int layer, span<const Input> queries,
+                              span<const Input> keys, span<const Input> values, span<Input> outputs,
+                              span<float> scores, int stride, int score_queries) {
+    const auto view = plan.view(layer);
+    backend.append(append_params(view, keys, values, plan.new_token_offsets()));
+    if (plan.new_tokens(0) == 1) {
+        decode_params call(view, queries, outputs);
+        call.scores = scores;
+        call.score_stride = stride;
+        backend.decode(call);
+    } else {
+        prefill_params call(view, queries, plan.new_token_offsets(), outputs);
+        call.scores = scores;
+        call.score_stride = stride;
+        call.score_queries = score_queries;
+        backend.prefill(call);
+    }
+}
 
 /// attention_backend over one sequence of a host-memory kvcache owner on a
 /// host backend object: float rows go in as they are. With a compression
-/// policy (compress_with; paged owners) each step also asks the kernels for
+/// policy (compress_with; any owner with compact()) each step also asks the kernels for
 /// the scores the policy needs, and at the end of a pass that the schedule
 /// says is due (compression.hpp) every layer over its budget keeps the rows
 /// select_rows chooses, through the owner's compact().
@@ -91,18 +100,10 @@ public:
     host_attention(const host_attention&) = delete;
     host_attention& operator=(const host_attention&) = delete;
 
-    /// Evicts with `options` from the next pass on (a policy other than none
-    /// needs an owner with compact(): the paged one). Throws the library's
-    /// errors for a bad budget, ratio or window before anything changes.
-    void compress_with(const compression_options& options) {
-        if (!options.active()) return;
-        require(compacts_v<Cache>, error_code::unsupported_configuration, "eviction policy ",
-                to_string(options.policy), " needs a cache that compacts: the paged layout");
-        options.validate();
-        compression_ = options;
-        scores_ = policy_scores(options, cache_.layers(), cache_.kv_heads());
-        schedule_ = compaction_schedule(options.compress_every);
-    }
+    /// Evicts with `options` from the next pass on (eviction_driver::configure:
+    /// any owner with compact(); the pool trigger on a paged one). Throws the
+    /// library's errors for a bad budget, ratio or window before anything changes.
+    void compress_with(const compression_options& options) { eviction_.configure(cache_, options); }
 
     void begin_tokens(int first_position, int tokens) override {
         const int length = cache_.length(batch_[0]);
@@ -116,90 +117,36 @@ public:
         const std::size_t q_count = std::size_t(tokens) * cache_.query_heads() * heads::head_dim;
         const std::size_t kv_count = std::size_t(tokens) * cache_.kv_heads() * heads::head_dim;
         const span<const float> queries(q, q_count), keys(k, kv_count), values(v, kv_count);
-        if (!compression_.active()) {
+        if (!eviction_.active()) {
             append_and_attend(backend_, plan_, layer, queries, keys, values, span<float>(out, q_count));
             return;
         }
-        if constexpr (compacts_v<Cache>) {
-            attend_scored(layer, queries, keys, values, span<float>(out, q_count));
-            // due_after counts the pass, so it runs first; a short pool compacts between scheduled runs too.
-            if (layer + 1 == cache_.layers() && (schedule_.due_after(prefill_) || pool_short())) compact_over_budget();
-        }
+        attend_scored(layer, queries, keys, values, span<float>(out, q_count));
+        eviction_.after_layer(cache_, batch_[0], plan_, layer, prefill_);
     }
 
     sequence_id sequence() const noexcept { return batch_[0]; }
 
     /// Rows each layer of the sequence holds now (a compacted layer fewer than its length).
-    std::vector<int> rows_held() const {
-        std::vector<int> rows(std::size_t(cache_.layers()), cache_.length(batch_[0]));
-        if constexpr (compacts_v<Cache>)
-            for (int l = 0; l < cache_.layers(); ++l) rows[std::size_t(l)] = cache_.visible_count(batch_[0], l);
-        return rows;
-    }
+    std::vector<int> rows_held() const { return eviction_.rows_held(cache_, batch_[0]); }
     /// Compactions run so far.
-    int compactions() const noexcept { return schedule_.count(); }
+    int compactions() const noexcept { return eviction_.compactions(); }
 
 private:
     // append_and_attend, with the step's scores recorded when the policy needs them.
     void attend_scored(int layer, span<const float> queries, span<const float> keys, span<const float> values,
                        span<float> outputs) {
-        const auto view = plan_.view(layer);
-        backend_.append(append_params(view, keys, values, plan_.new_token_offsets()));
         const int rows = cache_.visible_count(batch_[0], layer);
         span<float> scores;
-        if (scores_.wanted()) {
+        if (eviction_.wanted()) {
             step_scores_.assign(std::size_t(cache_.kv_heads()) * std::size_t(rows), 0.0f);
             scores = span<float>(step_scores_.data(), step_scores_.size());
         }
-        if (!prefill_) {
-            decode_params call(view, queries, outputs);
-            call.scores = scores;
-            call.score_stride = rows;
-            backend_.decode(call);
-        } else {
-            prefill_params call(view, queries, plan_.new_token_offsets(), outputs);
-            call.scores = scores;
-            call.score_stride = rows;
-            call.score_queries = scores_.prefill_queries(plan_.new_tokens(0));
-            backend_.prefill(call);
-        }
-        if (scores_.wanted())
-            scores_.record(layer, span<const float>(step_scores_.data(), step_scores_.size()), rows, rows, prefill_);
-    }
-
-    // Pages a next append can take: free ones and cached ones nobody references.
-    bool pool_short() const {
-        if (compression_.compress_when_free_below == 0) return false;
-        const auto st = cache_.statistics();
-        return st.pages_free + st.pages_evictable < compression_.compress_when_free_below;
-    }
-
-    // Every layer over its budget keeps select_rows' choice; all layers in one compact().
-    void compact_over_budget() {
-        const sequence_id id = batch_[0];
-        const std::vector<int> budgets = compression_.layer_budgets(cache_.layers(), cache_.length(id));
-        std::vector<std::vector<int>> kept(budgets.size());
-        bool over = false;
-        for (int l = 0; l < cache_.layers(); ++l) {
-            const int rows = cache_.visible_count(id, l);
-            const selection_options options = compression_.selection(l, schedule_.count());
-            if (rows <= budgets[std::size_t(l)]) {  // within budget: every row stays
-                for (int i = 0; i < rows; ++i) kept[std::size_t(l)].push_back(i);
-            } else if (compression_.policy == eviction_policy::knorm) {
-                norms_.assign(std::size_t(cache_.kv_heads()) * std::size_t(rows), 0.0f);
-                key_norms(plan_.view(l), span<float>(norms_.data(), norms_.size()), rows);
-                kept[std::size_t(l)] = select_rows(options, budgets[std::size_t(l)], rows,
-                                                   row_scores{span<const float>(norms_.data(), norms_.size()),
-                                                              cache_.kv_heads(), rows});
-            } else {
-                kept[std::size_t(l)] = select_rows(options, budgets[std::size_t(l)], rows, scores_.of(l));
-            }
-            over = over || rows > budgets[std::size_t(l)];
-        }
-        if (!over) return;
-        cache_.compact(id, kept);
-        for (int l = 0; l < cache_.layers(); ++l) scores_.kept(l, kept[std::size_t(l)]);
-        schedule_.compacted();
+        append_and_attend_scored(backend_, plan_, layer, queries, keys, values, outputs, scores, rows,
+                                 eviction_.score_queries(plan_.new_tokens(0)));
+        if (eviction_.wanted())
+            eviction_.record(cache_, batch_[0], layer, span<const float>(step_scores_.data(), step_scores_.size()),
+                             rows, prefill_);
     }
 
     Cache& cache_;
@@ -207,10 +154,8 @@ private:
     std::vector<sequence_id> batch_;
     typename Cache::plan_type plan_;
     bool prefill_ = false;
-    compression_options compression_;
-    policy_scores scores_{compression_options{}, 1, 1};
-    compaction_schedule schedule_{0};
-    std::vector<float> step_scores_, norms_;
+    eviction_driver<Cache> eviction_;
+    std::vector<float> step_scores_;
 };
 
 /// The CPU cached path's attention_backend.
@@ -250,7 +195,7 @@ struct cache_options {
     int window = 256;        ///< sliding window: recent keys a query sees
     int sinks = 4;           ///< sliding window: first positions kept forever
     int prefill_chunk = 64;  ///< sliding window, and models with windowed layers: the prompt goes in chunks of this many tokens
-    compression_options compression;  ///< key-token selection (paged layout, CPU path); none by default
+    compression_options compression;  ///< key-token selection (every layout; CPU and emulated paths); none by default
 
     /// The visibility rule the cache applies, for the recompute path to match.
     attention_visibility visibility() const noexcept {
@@ -262,8 +207,8 @@ struct cache_options {
 struct cached_generation {
     generation_trace trace;
     std::size_t bytes_reserved = 0;  ///< cache memory allocated
-    std::size_t bytes_used = 0;      ///< cache memory the sequence's pages held at the end (paged; else bytes_reserved)
-    std::vector<int> rows_held;      ///< per layer, the rows the sequence held at the end (CPU path)
+    std::size_t bytes_used = 0;      ///< cache memory the sequence held at the end (bytes_used_of: paged its pages, the others their rows)
+    std::vector<int> rows_held;      ///< per layer, the rows the sequence held at the end (attention classes with compress_with)
     int compactions = 0;             ///< compactions the policy ran
 };
 
@@ -279,7 +224,7 @@ template <class Attention>
 struct has_compress_with<Attention, std::void_t<decltype(std::declval<Attention&>().compress_with(compression_options{}))>>
     : std::true_type {};
 
-// Applies the cache options' policy where the attention backend can (the CPU path); elsewhere a
+// Applies the cache options' policy where the attention backend can (host and device attention); elsewhere a
 // policy is refused by name.
 template <class Attention>
 void apply_compression(Attention& attention, const compression_options& compression) {
@@ -288,14 +233,6 @@ void apply_compression(Attention& attention, const compression_options& compress
     else
         require(!compression.active(), error_code::unsupported_configuration, "eviction policy ",
                 to_string(compression.policy), " runs on the CPU backend only");
-}
-
-template <class Cache>
-std::size_t bytes_used_of(const Cache& cache) {
-    if constexpr (compacts_v<Cache>)
-        return cache.bytes_used();
-    else
-        return cache.bytes_reserved();
 }
 
 template <template <class> class Attention, class Cache>
@@ -310,7 +247,7 @@ cached_generation generate_in(Cache& cache, llama_model& model, const std::vecto
             result.rows_held = attention.rows_held();
             result.compactions = attention.compactions();
         }
-        result.bytes_used = bytes_used_of(cache);  // before the sequence goes with the attention
+        result.bytes_used = examples::bytes_used_of(cache);  // before the sequence goes with the attention
     }
     result.bytes_reserved = cache.bytes_reserved();
     return result;

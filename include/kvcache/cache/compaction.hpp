@@ -213,6 +213,36 @@ struct every_layer_lists {
     }
 };
 
+/// The two public compact() calls of an owner (the contiguous and
+/// sliding-window ones), written once: each checks the layer or the list
+/// count and hands the owner's compact_layers(id, which, lists) the layers
+/// and their kept lists, which checks every list before anything changes.
+/// What happens to the kept and dropped rows is the owner's (see its
+/// compact_layers).
+/// @tparam Owner the owner deriving from this (CRTP), befriending it
+template <class Owner>
+class compaction_calls {
+public:
+    /// Keeps, in one layer of the sequence, only the rows at the visible
+    /// indices `kept` (ascending, no repeats, each below visible_count(id,
+    /// layer)), at their true positions; length(id) does not change.
+    /// Throws, with nothing changed: not_found (unknown id), out_of_range (a
+    /// bad layer or index), invalid_argument (indices not ascending or repeated).
+    void compact(sequence_id id, int layer, const std::vector<int>& kept) {
+        Owner& owner = static_cast<Owner&>(*this);
+        owner.check_layer(layer);
+        owner.compact_layers(id, {layer}, {&kept});
+    }
+
+    /// compact() of every layer at once: kept[l] is layer l's list (layers may
+    /// keep different rows and counts). All or nothing: a bad list changes no layer.
+    void compact(sequence_id id, const std::vector<std::vector<int>>& kept) {
+        Owner& owner = static_cast<Owner&>(*this);
+        const every_layer_lists every(id, kept, owner.layers());
+        owner.compact_layers(id, every.which, every.lists);
+    }
+};
+
 /// Appends to a view's index table the marker (0: no entry of the batch is
 /// compacted) and, when one is, where each layer's section starts [layers]
 /// and per layer its section: dropped [n], offsets [n + 1] into the kept

@@ -31,10 +31,12 @@ enum class contiguous_growth {
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
-class contiguous_cache : public detail::owner_base<contiguous_cache<Element, Heads, Memory>, Element, Heads> {
+class contiguous_cache : public detail::owner_base<contiguous_cache<Element, Heads, Memory>, Element, Heads>,
+                         public detail::compaction_calls<contiguous_cache<Element, Heads, Memory>> {
     static_assert(is_stored_element_v<Element>, "kvcache::contiguous_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8 or kvcache::qint4");
     using base = detail::owner_base<contiguous_cache, Element, Heads>;
     friend base;
+    friend detail::compaction_calls<contiguous_cache>;
 
 public:
     using element_type = Element;
@@ -163,28 +165,6 @@ public:
         return child;
     }
 
-    /// Keeps, in one layer of the sequence, only the rows at the visible
-    /// indices `kept` (ascending, no repeats, each below visible_count(id,
-    /// layer)), as paged_cache::compact does: the kept rows move in order to
-    /// the front of the slot and keep their true positions; length(id), the
-    /// next token's position, does not change, and later tokens land after
-    /// the kept rows, so the slot's capacity counts stored rows, not positions.
-    /// Nothing is shared between slots, so nothing is copied first; the
-    /// slot's memory stays reserved (bytes_used() falls).
-    /// Throws, with nothing changed: not_found (unknown id), out_of_range (a
-    /// bad layer or index), invalid_argument (indices not ascending or repeated).
-    void compact(sequence_id id, int layer, const std::vector<int>& kept) {
-        this->check_layer(layer);
-        compact_layers(id, {layer}, {&kept});
-    }
-
-    /// compact() of every layer at once: kept[l] is layer l's list (layers may
-    /// keep different rows and counts). All or nothing: a bad list changes no layer.
-    void compact(sequence_id id, const std::vector<std::vector<int>>& kept) {
-        const detail::every_layer_lists every(id, kept, layers());
-        compact_layers(id, every.which, every.lists);
-    }
-
     /// Rows the sequence stores in one layer (length(id) until a compaction drops some).
     int visible_count(sequence_id id, int layer) const {
         this->check_layer(layer);
@@ -272,7 +252,12 @@ private:
     /// Rows of the layer that stores the most: what s's slot must hold.
     static int stored_rows(const state& s) noexcept { return s.length - s.compaction.fewest_dropped(); }
 
-    /// compact() of the listed layers: every list is checked before a row moves.
+    /// compact() of the listed layers (detail::compaction_calls), as
+    /// paged_cache::compact does: the kept rows move in order to the front of
+    /// the slot and keep their true positions; later tokens land after them,
+    /// so the slot's capacity counts stored rows, not positions. Nothing is
+    /// shared between slots, so nothing is copied first; the slot's memory
+    /// stays reserved (bytes_used() falls). Every list is checked before a row moves.
     void compact_layers(sequence_id id, const std::vector<int>& which, const std::vector<const std::vector<int>*>& lists) {
         state& s = sequences_.at(id);
         std::vector<detail::layer_rows> after = s.compaction.after_compaction(id, s.length, layers(), which, lists);

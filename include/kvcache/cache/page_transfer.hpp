@@ -339,9 +339,11 @@ sequence_id import_pages(paged_cache<Element, Heads, Memory>& cache, const page_
 }
 
 /// Imports a sliding-window export as a new sequence of cache and returns
-/// its id. The export must hold exactly the positions this window keeps at
-/// its length (the same sinks and ring), besides what import_pages of a paged
-/// cache checks; a mismatch is invalid_argument naming both, a cache with no
+/// its id. The export must hold positions this window keeps at its length
+/// (the same sinks and ring): all of them, or, from a compacted sequence, a
+/// subset, whose missing positions become holes here as they were there.
+/// Besides what import_pages of a paged cache checks, a position this
+/// window does not keep is invalid_argument naming both, a cache with no
 /// free slot is capacity_exceeded, and then nothing changes.
 /// @tparam Element stored element type
 /// @tparam Heads head_config
@@ -351,20 +353,36 @@ sequence_id import_pages(sliding_window_cache<Element, Heads, Memory>& cache, co
                          int shard_rank = 0, int shard_ranks = 1) {
     detail::check_import(cache, e, shard_rank, shard_ranks);
     const std::vector<int> holds = cache.present_positions_for(e.length);
-    for (std::size_t l = 0; l < e.kept.size(); ++l)
-        require(std::equal(e.kept[l].begin(), e.kept[l].end(), holds.begin(), holds.end()),
-                error_code::invalid_argument, "layer ", l, " of the export holds ", e.kept[l].size(),
-                " positions of a sequence of ", e.length, " tokens, not the ", holds.size(),
-                " this window keeps (sinks ", cache.sinks(), ", ring ", cache.ring(), ")");
+    // Per layer, the visible indices of the export's positions among those the window keeps.
+    std::vector<std::vector<int>> kept(e.kept.size());
+    bool compacted = false;
+    for (std::size_t l = 0; l < e.kept.size(); ++l) {
+        std::size_t j = 0;
+        for (const std::int32_t position : e.kept[l]) {
+            while (j < holds.size() && holds[j] < position) ++j;
+            require(j < holds.size() && holds[j] == position, error_code::invalid_argument, "layer ", l,
+                    " of the export holds position ", position, ", which this window (sinks ", cache.sinks(),
+                    ", ring ", cache.ring(), ") does not keep in a sequence of ", e.length, " tokens (the export names ",
+                    e.kept[l].size(), " positions, the window keeps ", holds.size(), ")");
+            kept[l].push_back(static_cast<int>(j));
+        }
+        compacted = compacted || kept[l].size() != holds.size();
+    }
     require(!e.kept.empty() || e.layers == 0, error_code::format_error,
             "a sliding-window export names the positions it holds");
     const sequence_id id = cache.add_sequence();
-    for (int done = 0; done < e.length;) {
-        const int n = std::min(cache.max_chunk(), e.length - done);
-        cache.begin_append(id, n);
-        done += n;
+    try {
+        for (int done = 0; done < e.length;) {
+            const int n = std::min(cache.max_chunk(), e.length - done);
+            cache.begin_append(id, n);
+            done += n;
+        }
+        if (compacted) cache.compact(id, kept);  // holes first: then the export's rows are written where they go
+        detail::place_pages(cache, id, e, 0);
+    } catch (...) {
+        cache.remove_sequence(id);
+        throw;
     }
-    detail::place_pages(cache, id, e, 0);
     return id;
 }
 

@@ -28,10 +28,12 @@ namespace kvcache {
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
-class sliding_window_cache : public detail::owner_base<sliding_window_cache<Element, Heads, Memory>, Element, Heads> {
+class sliding_window_cache : public detail::owner_base<sliding_window_cache<Element, Heads, Memory>, Element, Heads>,
+                             public detail::compaction_calls<sliding_window_cache<Element, Heads, Memory>> {
     static_assert(is_stored_element_v<Element>, "kvcache::sliding_window_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8 or kvcache::qint4");
     using base = detail::owner_base<sliding_window_cache, Element, Heads>;
     friend base;
+    friend detail::compaction_calls<sliding_window_cache>;
 
 public:
     using element_type = Element;
@@ -160,31 +162,6 @@ public:
         c.length = parent.length;
         c.holes = parent.holes;
         return child;
-    }
-
-    /// Keeps, in one layer of the sequence, only the rows at the visible
-    /// indices `kept` (ascending, no repeats, each below visible_count(id,
-    /// layer)), with paged_cache::compact's checks and errors. A visible index
-    /// counts the rows the layer holds now: the sinks, then the ring's
-    /// contents, in ascending position, less the rows earlier compactions
-    /// dropped. The rows not kept become holes: no longer visible, read or
-    /// written; no row moves, every kept row keeps its position, and
-    /// length(id), the next token's position, does not change. The ring
-    /// still decides what stays: a kept ring row is overwritten, as any, once
-    /// its position leaves the ring, and a sink dropped stays a hole. The
-    /// slot's memory is fixed, so nothing is released (bytes_used() falls).
-    /// Throws, with nothing changed: not_found (unknown id), out_of_range (a
-    /// bad layer or index), invalid_argument (indices not ascending or repeated).
-    void compact(sequence_id id, int layer, const std::vector<int>& kept) {
-        this->check_layer(layer);
-        compact_layers(id, {layer}, {&kept});
-    }
-
-    /// compact() of every layer at once: kept[l] is layer l's list. All or
-    /// nothing: a bad list changes no layer.
-    void compact(sequence_id id, const std::vector<std::vector<int>>& kept) {
-        const detail::every_layer_lists every(id, kept, layers());
-        compact_layers(id, every.which, every.lists);
     }
 
     /// Rows of one layer a kernel sees: the present positions less the holes.
@@ -332,7 +309,14 @@ private:
                 std::int64_t(first) + n, ") of sequence ", id, ", layer ", layer, ": position ",
                 hole == holes.end() ? 0 : *hole, " is not stored (a compaction dropped it)");
     }
-    /// compact() of the listed layers: every list is checked before a hole is made.
+    /// compact() of the listed layers (detail::compaction_calls). A visible
+    /// index counts the rows the layer holds now: the sinks, then the ring's
+    /// contents, in ascending position, less the rows earlier compactions
+    /// dropped. The rows not kept become holes: no longer visible, read or
+    /// written; no row moves. The ring still decides what stays: a kept ring
+    /// row is overwritten, as any, once its position leaves the ring, and a
+    /// sink dropped stays a hole. The slot's memory is fixed, so nothing is
+    /// released (bytes_used() falls). Every list is checked before a hole is made.
     void compact_layers(sequence_id id, const std::vector<int>& which, const std::vector<const std::vector<int>*>& lists) {
         state& s = sequences_.at(id);
         std::vector<std::vector<int>> after = s.holes.empty() ? std::vector<std::vector<int>>(std::size_t(layers())) : s.holes;

@@ -65,7 +65,8 @@ struct decode_params {
     /// optional: [batch][kv_heads][score_stride], entry i of (b, kv) the
     /// softmax weight the step gave visible row i of sequence b, summed over
     /// the KV head's query heads; entries no query saw and past the visible
-    /// count are 0. Host backends only (emulated and cuda refuse it).
+    /// count are 0. Every backend fills it (the emulated and CUDA ones from
+    /// the kernels' own softmax weights), in the memory the backend's views use.
     span<float> scores;
     int score_stride = 0;         ///< with scores: entries per (sequence, KV head), >= every visible count
 

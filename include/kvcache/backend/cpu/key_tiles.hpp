@@ -156,7 +156,7 @@ void tile_scores(const float* queries, const key_tile<Element>& tile, int keys, 
             for (int j = 0; j < step; ++j) accumulators[r][j] = vec::zero();
         for (int c = 0; c < chunks; ++c) {
             vec k[step];
-            for (int j = 0; j < step; ++j) k[j] = vec::load(tile.keys[t + j] + c * vec::lanes);
+            for (int j = 0; j < step; ++j) k[j] = load_row<vec, Dim>(tile.keys[t + j], c * vec::lanes);
             for (int r = 0; r < Rows; ++r) {
                 const vec q = vec::load(queries + r * Dim + c * vec::lanes);
                 for (int j = 0; j < step; ++j) accumulators[r][j] = fma(q, k[j], accumulators[r][j]);
@@ -191,7 +191,7 @@ void tile_values(const float* weights, const float* rescale, const key_tile<Elem
                 sums[r][w] = vec::load(accumulators + r * Dim + (c + w) * vec::lanes) * vec::broadcast(rescale[r]);
         for (int t = 0; t < keys; ++t) {
             vec v[width];
-            for (int w = 0; w < width; ++w) v[w] = vec::load(tile.values[t] + (c + w) * vec::lanes);
+            for (int w = 0; w < width; ++w) v[w] = load_row<vec, Dim>(tile.values[t], (c + w) * vec::lanes);
             for (int r = 0; r < Rows; ++r) {
                 float weight = weights[r * tile_keys + t];
                 if constexpr (has_row_scales_v<Element>) weight *= value_scales[t];

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kvcache/backend/cpu/isa.hpp"
@@ -183,6 +185,60 @@ struct vector_for {
     using type = float8;
 #endif
 };
+
+/// The Vec::lanes dequantised values of an int4 row of Dim values from d on
+/// (d a multiple of the lanes, so the vector lies in one group of 32): the
+/// codes' word broadcast to every lane, shifted right by 4 x lane and masked
+/// (little-endian: lane i gets nibble i, the value at d + i), converted, then
+/// one FMA with the group's scale and minimum (widened by F16C). Lets decode
+/// read int4 rows in place, as it reads int8 rows.
+/// @tparam Vec float8 or float16
+/// @tparam Dim head dimension
+template <class Vec, int Dim>
+inline Vec load_int4(const qint4* row, int d) noexcept {
+#if KVCACHE_CPU_AVX2_FMA
+    std::uint32_t record;  // half scale, half minimum
+    std::memcpy(&record, static_cast<const void*>(row + qint4_code_bytes(Dim) + d / qint4_group_size * qint4_group_bytes),
+                sizeof record);
+    const __m128 group = _mm_cvtph_ps(_mm_cvtsi32_si128(int(record)));  // lane 0 scale, lane 1 minimum
+    if constexpr (Vec::lanes == 8) {
+        std::uint32_t codes;
+        std::memcpy(&codes, static_cast<const void*>(row + d / 2), sizeof codes);
+        const __m256i shifted = _mm256_srlv_epi32(_mm256_set1_epi32(int(codes)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+        const __m256 value = _mm256_cvtepi32_ps(_mm256_and_si256(shifted, _mm256_set1_epi32(0xf)));
+        return {_mm256_fmadd_ps(value, _mm256_broadcastss_ps(group), _mm256_broadcastss_ps(_mm_movehdup_ps(group)))};
+    } else {
+#if KVCACHE_CPU_AVX512
+        std::uint64_t codes;
+        std::memcpy(&codes, static_cast<const void*>(row + d / 2), sizeof codes);
+        // Lanes 0..7 take the low word, 8..15 the high one.
+        const __m512i words = _mm512_maskz_permutexvar_epi32(
+            0xffff, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+            _mm512_zextsi128_si512(_mm_cvtsi64_si128(static_cast<long long>(codes))));
+        const __m512i shifted = _mm512_maskz_srlv_epi32(
+            0xffff, words, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28));
+        const __m512 value = _mm512_maskz_cvtepi32_ps(0xffff, _mm512_maskz_and_epi32(0xffff, shifted, _mm512_set1_epi32(0xf)));
+        // maskz broadcasts: the unmasked ones trip -Werror=maybe-uninitialized in g++ 12.
+        return {_mm512_fmadd_ps(value, _mm512_maskz_broadcastss_ps(0xffff, group),
+                                _mm512_maskz_broadcastss_ps(0xffff, _mm_movehdup_ps(group)))};
+#endif
+    }
+#else
+    Vec result;
+    dequantise_group(row, Dim, d / qint4_group_size, d, d + Vec::lanes, result.v);
+    return result;
+#endif
+}
+
+/// Vec::lanes values of a stored row from d on, widened: in place for every
+/// type but int4, whose group scales and minima load_int4 applies.
+/// @tparam Vec float8 or float16
+/// @tparam Dim head dimension
+template <class Vec, int Dim, class Element>
+inline Vec load_row(const Element* row, int d) noexcept {
+    if constexpr (std::is_same_v<Element, qint4>) return load_int4<Vec, Dim>(row, d);
+    else return Vec::load(row + d);
+}
 
 /// Dequantises an int4 row of Dim values into floats (minimum + code * scale
 /// per group of 32): on AVX2 and AVX-512 each whole group's 16 code bytes are

@@ -82,14 +82,11 @@ public:
             ++filled;
         }
         for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
-            // int4 rows are always dequantised per tile (their scales change
-            // every 32 values, so no vector load reads them in place); 16-bit
-            // and fp8 rows past two row blocks; int8 rows are always read in
-            // place, their widening costs two instructions a vector and their
-            // scales stay per row.
-            if constexpr (std::is_same_v<element, qint4>) {
-                fold(widened(tiles[current]), slot_masks(current), soft_cap, record);
-            } else if constexpr (!std::is_same_v<element, float> && !has_row_scales_v<element>) {
+            // 16-bit and fp8 rows past two row blocks; int8 and int4 rows are
+            // always read in place, their widening costs a few instructions a
+            // vector and their scales stay per row (int4: per group, load_int4).
+            if constexpr (!std::is_same_v<element, float> && !has_row_scales_v<element> &&
+                          !std::is_same_v<element, qint4>) {
                 if (rows_ > widen_tile_rows) {
                     fold(widened(tiles[current]), slot_masks(current), soft_cap, record);
                 } else {
@@ -155,8 +152,8 @@ private:
         return any != 0;
     }
 
-    /// The tile with its 16-bit, fp8 or int4 rows converted once into float rows (same positions).
-    /// @tparam Element kvcache::half, kvcache::bfloat16, an fp8 type or kvcache::qint4
+    /// The tile with its 16-bit or fp8 rows converted once into float rows (same positions).
+    /// @tparam Element kvcache::half, kvcache::bfloat16 or an fp8 type
     template <class Element>
     key_tile<float> widened(const key_tile<Element>& tile) {
         using vec = typename vector_for<Dim>::type;
@@ -175,14 +172,9 @@ private:
                 result.values[t] = result.values[tile.count - 1];
                 continue;
             }
-            if constexpr (std::is_same_v<Element, qint4>) {
-                dequantise_row<Dim>(tile.keys[t], key);
-                dequantise_row<Dim>(tile.values[t], value);
-            } else {
-                for (int d = 0; d < Dim; d += vec::lanes) {
-                    vec::load(tile.keys[t] + d).store(key + d);
-                    vec::load(tile.values[t] + d).store(value + d);
-                }
+            for (int d = 0; d < Dim; d += vec::lanes) {
+                vec::load(tile.keys[t] + d).store(key + d);
+                vec::load(tile.values[t] + d).store(value + d);
             }
         }
         return result;

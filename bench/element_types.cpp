@@ -1,5 +1,6 @@
 // element_types: decode speed of each storage element type against fp16, in
-// one run (fp32, bf16, fp8 e4m3 and e5m2, int8 with a scale per row). For each layout (contiguous, paged), head shape (GQA 32/8 and MHA
+// one run (fp32, bf16, fp8 e4m3 and e5m2, int8 with a scale per row, int4 with a scale
+// and minimum per group of 32). For each layout (contiguous, paged), head shape (GQA 32/8 and MHA
 // 8/8, head dim 128) and context, one cache per type holds the same random
 // K/V; the types are timed in alternation, round after round, so a noisy
 // machine's drifts hit all alike. Reported per type: ms per step, the bytes
@@ -64,6 +65,7 @@ void compare_types(const options& opts, report& out, layout_kind layout, int con
     add_type<float8_e4m3, Heads>(types, layout, context);  // scale 1: the speed does not depend on it
     add_type<float8_e5m2, Heads>(types, layout, context);
     add_type<qint8, Heads>(types, layout, context);  // bytes as stored: head_dim + 4 per row
+    add_type<qint4, Heads>(types, layout, context);  // head_dim / 2 + 4 per group of 32
     const bandwidth_result dram = measure_read_bandwidth(probe_bytes, opts.threads, opts.repeats());
     for (int i = 0; i < opts.warmup(); ++i)
         for (auto& t : types) t.step();

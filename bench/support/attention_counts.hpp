@@ -25,10 +25,12 @@ struct attention_shape {
     int page_size = 16;    ///< tokens per page (paged layout only)
 };
 
-/// Bytes of one query/output element: the cache's type, half for an fp8 or
-/// int8 cache (both sit under 16-bit activations), float for fp32.
+/// Bytes of one query/output element: the cache's type, half for an fp8,
+/// int8 or int4 cache (they sit under 16-bit activations), float for fp32.
 inline std::size_t activation_size(element_kind element) noexcept {
-    return is_scaled_kind(element) || element == element_kind::int8 ? 2 : static_cast<std::size_t>(element_size(element));
+    return is_scaled_kind(element) || element == element_kind::int8 || element == element_kind::int4
+               ? 2
+               : static_cast<std::size_t>(element_size(element));
 }
 
 /// Bytes of K and V one decode step reads: every visible row of every KV

@@ -33,6 +33,14 @@ TEST_CASE("decode bytes: paged int8 GQA 32/8 d128 counts each row's scale and ha
     CHECK(decode_bytes(s) == 34623492ull);
 }
 
+TEST_CASE("decode bytes: paged int4 GQA 32/8 d128 counts each group's record and half queries") {
+    const attention_shape s{layout_kind::paged, element_kind::int4, 1, 32, 8, 128, 16384, 16};
+    // K/V 1*16384*2*8*(64 + 4*4) = 20971520 (fp16's 67108864 / 3.2);
+    // Q+O 2*32*128*2 = 16384; length 4; page table (16384/16)*4 = 4096.
+    CHECK(decode_kv_bytes(s) == 20971520ull);
+    CHECK(decode_bytes(s) == 20992004ull);
+}
+
 TEST_CASE("append bytes: int8 rows read as half, written with their scales") {
     const attention_shape s{layout_kind::contiguous, element_kind::int8, 1, 8, 8, 128, 0, 16};
     // 1 sequence * 10 tokens * 2 (K, V) * 8 heads * (128*2 read + 128 + 4 written) = 62080.

@@ -46,7 +46,8 @@ TEST_CASE("fp8 element kinds: names, sizes, the scaled conversions") {
     CHECK_FALSE(is_scaled_kind(element_kind::bf16));
     CHECK(is_element_kind(4));
     CHECK(is_element_kind(5));  // int8
-    CHECK_FALSE(is_element_kind(6));
+    CHECK(is_element_kind(6));  // int4
+    CHECK_FALSE(is_element_kind(7));
     element_kind kind{};
     REQUIRE(parse_element_kind("fp8", kind));
     CHECK(kind == element_kind::fp8_e4m3);  // the engines' usual fp8 cache

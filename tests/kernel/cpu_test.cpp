@@ -2,6 +2,11 @@
 // scatter layout (and the shipped layouts, see layouts.hpp).
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <iterator>
+#include <limits>
+#include <vector>
+
 #include "kvcache/backend/cpu.hpp"
 #include "support/backend_suite.hpp"
 
@@ -107,6 +112,39 @@ TEST_CASE_TEMPLATE("fp8 widening used by the cpu backend is exact for every enco
         mismatches += std::memcmp(&expected, &vector[i], 4) != 0;
     }
     CHECK(mismatches == 0);
+}
+
+TEST_CASE("the kernels' vector exp agrees with exp_non_positive and with exp, -inf and NaN included") {
+    // A sweep over the softmax's range and the edges: 0 and -0, either side
+    // of the -87 cut, the smallest magnitudes, -inf and NaN.
+    std::vector<float> inputs;
+    for (int i = 0; i <= 4000; ++i) inputs.push_back(-90.0f + 90.0f * float(i) / 4000.0f);
+    const float specials[] = {0.0f, -0.0f, -87.0f, std::nextafter(-87.0f, -100.0f), std::nextafter(-87.0f, 0.0f),
+                              -1e-30f, -1e-45f, -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()};
+    inputs.insert(inputs.end(), std::begin(specials), std::end(specials));
+    while (inputs.size() % 16 != 0) inputs.push_back(-1.0f);
+    std::vector<float> vector = inputs, scalar = inputs;
+    cpu::detail::exp_rows(vector.data(), int(vector.size()));  // the build's ISA, as the kernels call it
+    cpu::detail::exp_non_positive(scalar.data(), int(scalar.size()));
+    int wrong = 0;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const float x = inputs[i];
+        bool ok;
+        if (std::isnan(x)) {
+            ok = std::isnan(vector[i]) && std::isnan(scalar[i]);  // a NaN logit is a NaN weight, as in the reference
+        } else if (x < -87.0f) {
+            ok = vector[i] == 0.0f && scalar[i] == 0.0f;
+        } else {
+            // The polynomial is within 2 ulp of exp; allow 4 between the two forms and against exp itself.
+            const double exact = std::exp(double(x));
+            const double ulps = 4.0 * std::numeric_limits<float>::epsilon() * exact;
+            ok = std::abs(double(vector[i]) - exact) <= ulps && std::abs(double(scalar[i]) - exact) <= ulps;
+        }
+        if (!ok && wrong++ < 5)
+            MESSAGE("x = " << x << ": vector " << vector[i] << ", scalar " << scalar[i] << ", exp " << std::exp(double(x)));
+    }
+    CHECK(wrong == 0);
 }
 
 TEST_CASE("cpu backend passes the backend suite: bfloat16 in every layout") {

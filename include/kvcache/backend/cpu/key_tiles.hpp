@@ -107,16 +107,21 @@ private:
     int used_ = 0;
 };
 
-/// Asks the cache for every line of the tile's K and V rows (a qint8 row's
-/// scale included: its 4 bytes after the values may start a line of their own).
+/// Asks the cache for every line of the tile's K and V rows t (a qint8
+/// row's scale included: its 4 bytes after the values may start a line of their own).
+template <int Dim, class Element>
+void prefetch_row(const key_tile<Element>& tile, int t) {
+    constexpr int line_elements = int(64 / sizeof(Element));
+    for (int d = 0; d < row_elements<Element>(Dim); d += line_elements) {
+        prefetch(tile.keys[t] + d);
+        prefetch(tile.values[t] + d);
+    }
+}
+
+/// Asks the cache for every line of the tile's K and V rows at once.
 template <int Dim, class Element>
 void prefetch_tile(const key_tile<Element>& tile) {
-    constexpr int line_elements = int(64 / sizeof(Element));
-    for (int t = 0; t < tile.count; ++t)
-        for (int d = 0; d < row_elements<Element>(Dim); d += line_elements) {
-            prefetch(tile.keys[t] + d);
-            prefetch(tile.values[t] + d);
-        }
+    for (int t = 0; t < tile.count; ++t) prefetch_row<Dim>(tile, t);
 }
 
 /// True for a stored type whose rows carry their own scale (qint8): the
@@ -140,26 +145,57 @@ void read_tile_scales(const key_tile<qint8>& tile, tile_scales& scales) noexcept
     }
 }
 
+/// Calls f with std::integral_constant<int, q> for q = 0..3 (an int4
+/// group's quarters in nibble order).
+template <class F>
+void for_each_quarter(F&& f) {
+    f(std::integral_constant<int, 0>{});
+    f(std::integral_constant<int, 1>{});
+    f(std::integral_constant<int, 2>{});
+    f(std::integral_constant<int, 3>{});
+}
+
 /// scores[r][t] = q_r . k_t for Rows query rows (scaled already) and the
 /// first `keys` keys of the tile (a multiple of the key step). For a qint8
 /// tile the dot product of the unscaled row is multiplied by key_scales[t].
-template <int Rows, int Dim, class Element>
+/// ahead (nullable) is the tile computed next: each step asks memory for its
+/// K and V rows of the same slots, so the next tile's misses are spread over
+/// this tile's arithmetic (a whole tile asked at once fills the core's miss
+/// queue and stalls it, measured in docs/performance.md).
+/// @tparam Ahead the stored element type of `ahead` (a widened tile's is its stored type)
+template <int Rows, int Dim, class Element, class Ahead = Element>
 void tile_scores(const float* queries, const key_tile<Element>& tile, int keys, float* scores,
-                 const float* key_scales = nullptr) {
+                 const float* key_scales = nullptr, const key_tile<Ahead>* ahead = nullptr) {
     using vec = typename vector_for<Dim>::type;
     constexpr int chunks = Dim / vec::lanes;
     // Keys per step: as many as keep Rows x step accumulators within half the registers.
     constexpr int step = std::max(1, std::min(4, vector_registers / 2 / Rows));
     for (int t = 0; t < keys; t += step) {
+        if (ahead)
+            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_row<Dim>(*ahead, t + j);
         vec accumulators[Rows][step];
         for (int r = 0; r < Rows; ++r)
             for (int j = 0; j < step; ++j) accumulators[r][j] = vec::zero();
-        for (int c = 0; c < chunks; ++c) {
-            vec k[step];
-            for (int j = 0; j < step; ++j) k[j] = load_row<vec, Dim>(tile.keys[t + j], c * vec::lanes);
+        const auto add_products = [&](int c, const vec (&k)[step]) {
             for (int r = 0; r < Rows; ++r) {
                 const vec q = vec::load(queries + r * Dim + c * vec::lanes);
                 for (int j = 0; j < step; ++j) accumulators[r][j] = fma(q, k[j], accumulators[r][j]);
+            }
+        };
+        if constexpr (int4_nibble_order_v<Element, Dim>) {
+            // A group's four quarters in turn, unrolled, so its scale and
+            // minimum are read once and each quarter's unpacking is fixed.
+            for (int g = 0; g < Dim / qint4_group_size; ++g)
+                for_each_quarter([&](auto quarter) {
+                    vec k[step];
+                    for (int j = 0; j < step; ++j) k[j] = load_int4_nibbles<Dim>(tile.keys[t + j], g, quarter.value);
+                    add_products(g * 4 + quarter.value, k);
+                });
+        } else {
+            for (int c = 0; c < chunks; ++c) {
+                vec k[step];
+                for (int j = 0; j < step; ++j) k[j] = load_row<vec, Dim>(tile.keys[t + j], c * vec::lanes);
+                add_products(c, k);
             }
         }
         for (int r = 0; r < Rows; ++r)
@@ -191,7 +227,11 @@ void tile_values(const float* weights, const float* rescale, const key_tile<Elem
                 sums[r][w] = vec::load(accumulators + r * Dim + (c + w) * vec::lanes) * vec::broadcast(rescale[r]);
         for (int t = 0; t < keys; ++t) {
             vec v[width];
-            for (int w = 0; w < width; ++w) v[w] = load_row<vec, Dim>(tile.values[t], (c + w) * vec::lanes);
+            if constexpr (int4_nibble_order_v<Element, Dim> && width == 2) {
+                load_int4_nibble_pair<Dim>(tile.values[t], c / 4, c % 4 / 2, v[0], v[1]);  // c is even
+            } else {
+                for (int w = 0; w < width; ++w) v[w] = load_row<vec, Dim>(tile.values[t], (c + w) * vec::lanes);
+            }
             for (int r = 0; r < Rows; ++r) {
                 float weight = weights[r * tile_keys + t];
                 if constexpr (has_row_scales_v<Element>) weight *= value_scales[t];

@@ -20,6 +20,7 @@
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/backend/cpu/score_record.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
+#include "kvcache/backend/cpu/vector_exp.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/kernels/softmax_math.hpp"
 #include "kvcache/layout/layout_interface.hpp"
@@ -63,69 +64,11 @@ constexpr int dividing_step(int budget, int n) {
 
 #if KVCACHE_CPU_AVX2_FMA
 #if KVCACHE_CPU_AVX512
-using exp_register = __m512;
 #define KVCACHE_EXP_OP(name) _mm512_##name
-#define KVCACHE_EXP_BITS(x) _mm512_castps_si512(x)
-#define KVCACHE_EXP_FLOATS(x) _mm512_castsi512_ps(x)
-// The maskz forms: g++ 12 warns (-Werror) that the unmasked ones' undefined source may be used.
-#define KVCACHE_EXP_CLAMP(x, low, high) _mm512_maskz_min_ps(0xffff, _mm512_maskz_max_ps(0xffff, x, low), high)
-#define KVCACHE_EXP_SHIFT(x) _mm512_maskz_slli_epi32(0xffff, x, 23)
 #else
-using exp_register = __m256;
 #define KVCACHE_EXP_OP(name) _mm256_##name
-#define KVCACHE_EXP_BITS(x) _mm256_castps_si256(x)
-#define KVCACHE_EXP_FLOATS(x) _mm256_castsi256_ps(x)
-#define KVCACHE_EXP_CLAMP(x, low, high) _mm256_min_ps(_mm256_max_ps(x, low), high)
-#define KVCACHE_EXP_SHIFT(x) _mm256_slli_epi32(x, 23)
 #endif
-
-/// exp(x) lane-wise for x <= 0: exp_non_positive's polynomial (0 below -87)
-/// in vector registers, since g++ leaves that loop scalar and the softmax
-/// would cost as much as a product.
-inline exp_register exp_vector(exp_register input) noexcept {
-    constexpr float magic = 12582912.0f;          // 1.5 * 2^23: adding it rounds to an integer
-    constexpr int exponent_shift = 0x4b400000 - 127;  // magic's bits less the exponent bias
-    const exp_register lowest = KVCACHE_EXP_OP(set1_ps)(-87.0f), zero = KVCACHE_EXP_OP(setzero_ps)();
-    const exp_register magic_v = KVCACHE_EXP_OP(set1_ps)(magic), one = KVCACHE_EXP_OP(set1_ps)(1.0f);
-    const exp_register clamped = KVCACHE_EXP_CLAMP(input, lowest, zero);
-    const exp_register rounded =
-        KVCACHE_EXP_OP(fmadd_ps)(clamped, KVCACHE_EXP_OP(set1_ps)(1.44269504088896341f), magic_v);
-    const exp_register k = KVCACHE_EXP_OP(sub_ps)(rounded, magic_v);
-    exp_register r = KVCACHE_EXP_OP(fnmadd_ps)(k, KVCACHE_EXP_OP(set1_ps)(0.693359375f), clamped);
-    r = KVCACHE_EXP_OP(fnmadd_ps)(k, KVCACHE_EXP_OP(set1_ps)(-2.12194440e-4f), r);
-    exp_register p = KVCACHE_EXP_OP(set1_ps)(1.9875691500e-4f);
-    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(1.3981999507e-3f));
-    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(8.3334519073e-3f));
-    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(4.1665795894e-2f));
-    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(1.6666665459e-1f));
-    p = KVCACHE_EXP_OP(fmadd_ps)(p, r, KVCACHE_EXP_OP(set1_ps)(5.0000001201e-1f));
-    const exp_register y =
-        KVCACHE_EXP_OP(add_ps)(KVCACHE_EXP_OP(fmadd_ps)(p, KVCACHE_EXP_OP(mul_ps)(r, r), r), one);
-    // 2^k, k in [-126, 0]: k's bits sit at the bottom of rounded's mantissa.
-    const auto scale_bits = KVCACHE_EXP_SHIFT(
-        KVCACHE_EXP_OP(sub_epi32)(KVCACHE_EXP_BITS(rounded), KVCACHE_EXP_OP(set1_epi32)(exponent_shift)));
-    const exp_register result = KVCACHE_EXP_OP(mul_ps)(y, KVCACHE_EXP_FLOATS(scale_bits));
-#if KVCACHE_CPU_AVX512
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(input, lowest, _CMP_GE_OQ), result);
-#else
-    return _mm256_and_ps(result, _mm256_cmp_ps(input, lowest, _CMP_GE_OQ));
 #endif
-}
-#undef KVCACHE_EXP_BITS
-#undef KVCACHE_EXP_FLOATS
-#undef KVCACHE_EXP_CLAMP
-#undef KVCACHE_EXP_SHIFT
-#endif
-
-/// x[i] = exp(x[i]) for x[i] <= 0 and n a multiple of row_vector::lanes.
-inline void exp_rows(float* x, int n) noexcept {
-#if KVCACHE_CPU_AVX2_FMA
-    constexpr int lanes = int(sizeof(exp_register) / sizeof(float));
-    for (int i = 0; i < n; i += lanes) KVCACHE_EXP_OP(storeu_ps)(x + i, exp_vector(KVCACHE_EXP_OP(loadu_ps)(x + i)));
-#else
-    exp_non_positive(x, n);
-#endif
-}
 
 /// The softmax weights of a tile in one pass: x[t][r] = exp(x[t][r] -
 /// base[r]) for t < count and r < stride (a multiple of row_vector::lanes),

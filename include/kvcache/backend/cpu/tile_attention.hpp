@@ -17,6 +17,7 @@
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/backend/cpu/score_record.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
+#include "kvcache/backend/cpu/vector_exp.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/kernels/softmax_math.hpp"
 #include "kvcache/layout/layout_interface.hpp"
@@ -27,6 +28,11 @@ namespace detail {
 inline namespace KVCACHE_CPU_ISA_NAMESPACE {
 
 static_assert(tile_keys <= 32, "a tile's visibility is one 32-bit mask per query row");
+static_assert(tile_keys % exp_lanes == 0, "a tile's scores are exponentiated in whole vectors");
+
+/// Tiles of a decode walk in flight: the one computed and the next, whose
+/// rows the score step asks of memory key by key (tile_scores' `ahead`).
+inline constexpr int decode_ring = 2;
 
 /// Query rows above which a binary16 tile is widened once into float rows
 /// instead of on every load: past two row blocks, each key row would be
@@ -41,7 +47,7 @@ class tile_attention {
 public:
     explicit tile_attention(int rows)
         : rows_(rows), floats_(std::size_t(rows) * (2 * Dim + tile_keys + 3)), positions_(rows),
-          masks_(std::size_t(rows) * (prefetch_tiles + 1)) {
+          masks_(std::size_t(rows) * decode_ring) {
         std::fill(running_max(), running_max() + rows, kvcache::detail::negative_infinity());
     }
 
@@ -64,42 +70,14 @@ public:
     void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
                 score_record* record = nullptr) {
         using element = typename Layout::element_type;
-        constexpr int ring = prefetch_tiles + 1;
-        const attention_visibility visibility = view.visibility();
-        const int last_position = *std::max_element(positions_.begin(), positions_.end());
-        tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, last_position);
-        auto next_seen = [&](key_tile<element>& tile, std::uint32_t* masks) {
-            while (cursor.fill(tile))
-                if (visibility_masks(tile, visibility, masks)) return true;
-            return false;
-        };
-        // A ring of tiles: the one computed now and the ones whose rows were
-        // asked of memory ahead of it (distance prefetch_tiles).
-        key_tile<element> tiles[ring];
-        int filled = 0;
-        while (filled < ring && next_seen(tiles[filled], slot_masks(filled))) {
-            if (filled > 0) prefetch_tile<Dim>(tiles[filled]);
-            ++filled;
-        }
-        for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
-            // 16-bit and fp8 rows past two row blocks; int8 and int4 rows are
-            // always read in place, their widening costs a few instructions a
-            // vector and their scales stay per row (int4: per group, load_int4).
-            if constexpr (!std::is_same_v<element, float> && !has_row_scales_v<element> &&
-                          !std::is_same_v<element, qint4>) {
-                if (rows_ > widen_tile_rows) {
-                    fold(widened(tiles[current]), slot_masks(current), soft_cap, record);
-                } else {
-                    fold(tiles[current], slot_masks(current), soft_cap, record);
-                }
-            } else {
-                fold(tiles[current], slot_masks(current), soft_cap, record);
-            }
-            // The slot just used takes the next tile not yet asked for.
-            if (filled == ring && next_seen(tiles[current], slot_masks(current))) {
-                prefetch_tile<Dim>(tiles[current]);
-                ++filled;
-            }
+        if constexpr (int4_nibble_order_v<element, Dim>) {
+            // The walk reads int4 rows in nibble order: queries and
+            // accumulators take it for the walk and give it back after.
+            reorder_rows(/*to_nibble_order=*/true);
+            walk(view, sequence, kv_head, begin, end, soft_cap, record);
+            reorder_rows(/*to_nibble_order=*/false);
+        } else {
+            walk(view, sequence, kv_head, begin, end, soft_cap, record);
         }
     }
 
@@ -132,6 +110,59 @@ private:
     const float* running_sum() const noexcept { return running_max() + rows_; }
     float* rescale() noexcept { return running_sum() + rows_; }
     std::uint32_t* slot_masks(int slot) noexcept { return masks_.data() + std::size_t(slot) * rows_; }
+
+    /// attend's walk over the tiles, rows in the order the loads give them.
+    template <class Layout>
+    void walk(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
+              score_record* record) {
+        using element = typename Layout::element_type;
+        const attention_visibility visibility = view.visibility();
+        const int last_position = *std::max_element(positions_.begin(), positions_.end());
+        tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, last_position);
+        auto next_seen = [&](key_tile<element>& tile, std::uint32_t* masks) {
+            while (cursor.fill(tile))
+                if (visibility_masks(tile, visibility, masks)) return true;
+            return false;
+        };
+        // Two tiles: the one computed now and the next, asked of memory
+        // while the current one is scored. The first is asked at once.
+        key_tile<element> tiles[decode_ring];
+        if (!next_seen(tiles[0], slot_masks(0))) return;
+        prefetch_tile<Dim>(tiles[0]);
+        for (int current = 0;; current ^= 1) {
+            const int next = current ^ 1;
+            const bool more = next_seen(tiles[next], slot_masks(next));
+            const key_tile<element>* ahead = more ? &tiles[next] : nullptr;
+            // 16-bit and fp8 rows past two row blocks; int8 and int4 rows are
+            // always read in place, their widening costs a few instructions a
+            // vector and their scales stay per row (int4: per group, load_int4).
+            if constexpr (!std::is_same_v<element, float> && !has_row_scales_v<element> &&
+                          !std::is_same_v<element, qint4>) {
+                if (rows_ > widen_tile_rows) {
+                    fold(widened(tiles[current]), slot_masks(current), soft_cap, record, ahead);
+                } else {
+                    fold(tiles[current], slot_masks(current), soft_cap, record, ahead);
+                }
+            } else {
+                fold(tiles[current], slot_masks(current), soft_cap, record, ahead);
+            }
+            if (!more) return;
+        }
+    }
+
+    /// Puts every query row and accumulator into int4 nibble order (or back to d order).
+    void reorder_rows(bool to_nibble_order) {
+        float row[Dim];
+        for (float* rows : {queries(), accumulators()})
+            for (int r = 0; r < rows_; ++r) {
+                float* at = rows + std::size_t(r) * Dim;
+                for (int p = 0; p < Dim; ++p) {
+                    if (to_nibble_order) row[p] = at[int4_nibble_index(p)];
+                    else row[int4_nibble_index(p)] = at[p];
+                }
+                std::copy(row, row + Dim, at);
+            }
+    }
 
     /// Bit t of masks[r]: row r sees key t of the tile. True when any row sees any key.
     template <class Element>
@@ -181,9 +212,11 @@ private:
     }
 
     /// One tile into every row that sees part of it: scores, mask and soft
-    /// cap, the online-softmax update, and the weighted values.
-    template <class Element>
-    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap, score_record* record) {
+    /// cap, the online-softmax update, and the weighted values. ahead
+    /// (nullable): the tile folded next, asked of memory during the scores.
+    template <class Element, class Ahead>
+    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap, score_record* record,
+              const key_tile<Ahead>* ahead) {
         const float minus_infinity = kvcache::detail::negative_infinity();
         // Fixed-width steps over the tile: whole groups of 8 for the lane reductions.
         const int keys = (tile.count + 7) / 8 * 8;
@@ -195,7 +228,8 @@ private:
             if (!any_seen(masks + r0, rows)) continue;
             with_row_block(rows, [&](auto block) {
                 tile_scores<decltype(block)::value, Dim>(queries() + std::size_t(r0) * Dim, tile, keys,
-                                                         all_scores + std::size_t(r0) * tile_keys, scales.keys);
+                                                         all_scores + std::size_t(r0) * tile_keys, scales.keys,
+                                                         r0 == 0 ? ahead : nullptr);
             });
         }
         for (int r = 0; r < rows_; ++r) {
@@ -214,7 +248,7 @@ private:
             const float new_max = std::max(running_max()[r], block_max);
             rescale()[r] = kvcache::detail::exp_difference(running_max()[r], new_max);
             for (int t = 0; t < keys; ++t) row[t] -= new_max;
-            exp_non_positive(row, keys);
+            exp_rows(row, (keys + exp_lanes - 1) / exp_lanes * exp_lanes);  // within the row: tile_keys is a multiple
             running_sum()[r] = running_sum()[r] * rescale()[r] + lane_sum(row, keys);
             running_max()[r] = new_max;
         }
@@ -240,7 +274,7 @@ private:
     int rows_;
     std::vector<float> floats_;
     std::vector<int> positions_;
-    std::vector<std::uint32_t> masks_;  ///< [ring slot][rows]
+    std::vector<std::uint32_t> masks_;  ///< [decode_ring slot][rows]
     std::vector<float> widened_;        ///< [2][tile_keys][Dim] float copies of a binary16 tile's K and V rows
 };
 

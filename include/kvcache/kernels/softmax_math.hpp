@@ -30,8 +30,11 @@ KVCACHE_HOST_DEVICE inline float exp_difference(float a, float b) noexcept {
 
 /// Natural log of sum_i exp(logit_i), given the largest logit and the sum
 /// of exp(logit_i - max): the one formula every kernel, backend and merge
-/// uses. -inf when the sum is 0 (a row that saw no key, an all-empty merge).
+/// uses. -inf when the sum is 0 (a row that saw no key, an all-empty merge);
+/// NaN when the sum is NaN (a key it saw read as NaN), as in the reference,
+/// rather than reading as a row that saw nothing.
 KVCACHE_HOST_DEVICE inline float log_sum_exp(float max, float sum) noexcept {
+    if (sum != sum) return sum;
     return sum > 0.0f ? max + ::logf(sum) : negative_infinity();
 }
 

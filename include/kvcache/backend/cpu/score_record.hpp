@@ -58,7 +58,10 @@ public:
             const float* w = weights_.data() + k.first_weight;
             for (int t = 0; t < k.count; ++t, w += n) {
                 float sum = 0.0f;
-                for (std::size_t j = 0; j < n; ++j) sum += factors[j] * w[j];
+                // A weight of 0 (a key the row does not see) adds 0, also to a
+                // row whose lse is NaN (it saw a NaN key): the reference gives
+                // such a row's NaN only to the keys it sees.
+                for (std::size_t j = 0; j < n; ++j) sum += w[j] == 0.0f ? 0.0f : factors[j] * w[j];
                 scores[k.first_visible + t] += sum;
             }
         }

@@ -186,8 +186,7 @@ struct attention_tile {
     /// Row r's log-sum-exp of its scores; -inf when it saw no key, NaN when a score was NaN.
     template <class Stats>
     KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE static float log_sum_exp(Stats& stats, int r) {
-        const float sum = stats[Rows + r];
-        return sum != sum ? sum : kvcache::detail::log_sum_exp(stats[r], sum);
+        return kvcache::detail::log_sum_exp(stats[r], stats[Rows + r]);
     }
 };
 

@@ -17,6 +17,7 @@
 
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/key_tiles.hpp"
+#include "kvcache/backend/cpu/non_finite_rows.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/backend/cpu/score_record.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
@@ -371,10 +372,12 @@ private:
                     scores[t * stride + r] = kvcache::detail::apply_soft_cap(scores[t * stride + r], soft_cap);
         // Only tiles some row sees in part (the causal diagonal, a window's
         // edge) are masked; the padding rows past rows_ are never read back.
-        const std::uint32_t full = count == 32 ? ~0u : (1u << count) - 1u;
+        const std::uint32_t full = full_tile_mask(count);
+        bool partly_seen = false;
         for (int r = 0; r < rows_; ++r) {
             const std::uint32_t mask = masks[r];
             if (mask == full) continue;
+            partly_seen = true;
             for (int t = 0; t < count; ++t)
                 if (!((mask >> t) & 1u)) scores[t * stride + r] = minus_infinity;
         }
@@ -404,13 +407,35 @@ private:
         if (record) record->add(tile.first_visible, count, scores, 1, stride, new_max);
         // The V scales fold into the weights, after the sums and the record took them unscaled.
         if constexpr (has_row_scales_v<Element>) scale_key_rows(scores, count, stride, scales.values);
+        // A NaN or infinite value row of a tile some row sees in part
+        // (non_finite_rows.hpp) is left out of the products, its weight 0
+        // for the rows that do not see it, and added after to those that do.
+        const std::uint32_t non_finite = partly_seen ? non_finite_values<Dim>(tile) : 0u;
+        const float* patched_values[tile_keys] = {};
+        const float* const* product_values = values;
+        if (non_finite != 0) {
+            for (int t = 0; t < count; ++t) {
+                const bool hidden = (non_finite >> t) & 1u;
+                patched_values[t] = hidden ? zero_row<Dim, float>() : values[t];
+                if (hidden)
+                    for (int r = 0; r < rows_; ++r)
+                        if (!((masks[r] >> t) & 1u)) scores[t * stride + r] = 0.0f;
+            }
+            product_values = patched_values;
+        }
         for (std::size_t r0 = 0; r0 < stride; r0 += chunk_rows) {
             const int vectors = int(std::min<std::size_t>(chunk_rows, stride - r0) / row_vector::lanes);
             with_row_vectors(vectors, [&](auto n) {
-                value_rows<decltype(n)::value, Dim>(scores + r0, stride, factor + r0, values, count,
+                value_rows<decltype(n)::value, Dim>(scores + r0, stride, factor + r0, product_values, count,
                                                     outputs_.data() + r0);
             });
         }
+        for (int t = 0; t < count; ++t)
+            if ((non_finite >> t) & 1u)
+                for (int r = 0; r < rows_; ++r)
+                    if ((masks[r] >> t) & 1u)
+                        for (int d = 0; d < Dim; ++d)
+                            outputs_[d * stride + r] += scores[t * stride + r] * values[t][d];
     }
 
     /// x[t][rows] *= factors[t] for the first `count` keys: one scale per stored row.

@@ -14,6 +14,7 @@
 
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/key_tiles.hpp"
+#include "kvcache/backend/cpu/non_finite_rows.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/backend/cpu/score_record.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
@@ -254,14 +255,33 @@ private:
         }
         // The weights are relative to the running max just set (0 where a row saw nothing).
         if (record) record->add(tile.first_visible, tile.count, all_scores, tile_keys, 1, running_max());
+        // NaN or infinite value rows of a tile some row sees in part (non_finite_rows.hpp).
+        const std::uint32_t full = full_tile_mask(tile.count);
+        bool partly_seen = false;
+        for (int r = 0; r < rows_; ++r) partly_seen = partly_seen || masks[r] != full;
+        const std::uint32_t non_finite = partly_seen ? non_finite_values<Dim>(tile) : 0u;
         for (int r0 = 0; r0 < rows_; r0 += row_block) {
             const int rows = std::min(row_block, rows_ - r0);
             if (!any_seen(masks + r0, rows)) continue;
-            with_row_block(rows, [&](auto block) {
-                tile_values<decltype(block)::value, Dim>(all_scores + std::size_t(r0) * tile_keys, rescale() + r0, tile,
-                                                         tile.count, accumulators() + std::size_t(r0) * Dim,
-                                                         scales.values);
-            });
+            std::uint32_t hidden = 0;  // non-finite rows some row of the block does not see
+            for (int r = r0; r < r0 + rows; ++r) hidden |= non_finite & ~masks[r];
+            if (hidden == 0) {
+                with_row_block(rows, [&](auto block) {
+                    tile_values<decltype(block)::value, Dim>(all_scores + std::size_t(r0) * tile_keys, rescale() + r0,
+                                                             tile, tile.count, accumulators() + std::size_t(r0) * Dim,
+                                                             scales.values);
+                });
+                continue;
+            }
+            // Row by row, each reading zeros in place of the rows it does not see.
+            for (int r = r0; r < r0 + rows; ++r) {
+                const std::uint32_t unseen = non_finite & ~masks[r];
+                float value_scales[tile_keys];
+                for (int t = 0; t < tile_keys; ++t) value_scales[t] = (unseen >> t) & 1u ? 0.0f : scales.values[t];
+                tile_values<1, Dim>(all_scores + std::size_t(r) * tile_keys, rescale() + r,
+                                    with_zero_values<Dim>(tile, unseen), tile.count,
+                                    accumulators() + std::size_t(r) * Dim, value_scales);
+            }
         }
     }
 

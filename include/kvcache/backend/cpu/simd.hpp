@@ -251,30 +251,6 @@ inline constexpr int int4_nibble_index(int p) noexcept {
     return group * qint4_group_size + (quarter / 2) * 16 + 2 * lane + quarter % 2;
 }
 
-/// The 8 dequantised values of quarter q (0..3) of group g of an int4 row
-/// of Dim values, in nibble order (int4_nibble_order_v only): nibble-order
-/// positions [32 g + 8 q, 32 g + 8 q + 8).
-/// @tparam Dim head dimension
-template <int Dim>
-inline float8 load_int4_nibbles(const qint4* row, int g, int q) noexcept {
-#if KVCACHE_CPU_AVX2_FMA && !KVCACHE_CPU_AVX512
-    std::uint32_t record;  // half scale, half minimum
-    std::memcpy(&record, static_cast<const void*>(row + qint4_code_bytes(Dim) + g * qint4_group_bytes), sizeof record);
-    const __m128 scale_minimum = _mm_cvtph_ps(_mm_cvtsi32_si128(int(record)));  // lane 0 scale, lane 1 minimum
-    const __m256i bytes = _mm256_cvtepu8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + g * (qint4_group_size / 2) + (q / 2) * 8)));
-    const __m256i codes = q % 2 == 0 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0xf)) : _mm256_srli_epi32(bytes, 4);
-    return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(codes), _mm256_broadcastss_ps(scale_minimum),
-                            _mm256_broadcastss_ps(_mm_movehdup_ps(scale_minimum)))};
-#else
-    (void)row;
-    (void)g;
-    (void)q;
-    static_assert(Dim < 0, "nibble order is an AVX2 path (int4_nibble_order_v)");
-    return float8{};
-#endif
-}
-
 /// Quarters 2h and 2h + 1 of group g of an int4 row in nibble order (the
 /// low and high nibbles of the same 8 bytes), loaded and scaled once.
 /// @tparam Dim head dimension
@@ -297,6 +273,18 @@ inline void load_int4_nibble_pair(const qint4* row, int g, int h, float8& low, f
     (void)high;
     static_assert(Dim < 0, "nibble order is an AVX2 path (int4_nibble_order_v)");
 #endif
+}
+
+/// The 8 dequantised values of quarter q (0..3) of group g of an int4 row
+/// of Dim values, in nibble order (int4_nibble_order_v only): nibble-order
+/// positions [32 g + 8 q, 32 g + 8 q + 8). The pair's other quarter is dead
+/// code once q is known, which the callers' unrolled loops make it.
+/// @tparam Dim head dimension
+template <int Dim>
+inline float8 load_int4_nibbles(const qint4* row, int g, int q) noexcept {
+    float8 low, high;
+    load_int4_nibble_pair<Dim>(row, g, q / 2, low, high);
+    return q % 2 == 0 ? low : high;
 }
 
 /// Vec::lanes values of a stored row from d on, widened: in place for every

@@ -128,22 +128,31 @@ VALUE_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MIN_PAIRS, MAX_PAIRS = 4, 16
 
 
-def recall_sequence(rng, max_len=CONTEXT - 1, max_pairs=MAX_PAIRS):
+RECALL_FORMATS = ("equals", "adjacent")
+
+
+def recall_sequence(rng, max_len=CONTEXT - 1, max_pairs=MAX_PAIRS, style="equals"):
     """One multi-query associative-recall text and the byte spans of its answers.
 
-    'recall: K=wd H=ma ... ? H=ma K=wd ...\n': pairs of one-letter keys (distinct
-    within the text) and two-letter values, then queries for some of the keys in
-    random order; the answer to the query 'H=' is the value 'ma' given earlier.
-    Returns (text, [(first_byte, length), ...]) with spans into text. A curriculum may
-    lower max_pairs (fewer pairs are fewer distractors); the evaluation set uses 4 to 16."""
+    style 'equals': 'recall: K=wd H=ma ... ? H=ma K=wd ...\n'; style 'adjacent':
+    'recall: Kwd Hma ... ? Hma Kwd ...\n'. Pairs of one-letter upper-case keys (distinct
+    within the text) and two-letter lower-case values, then queries for some of the keys in
+    random order; the answer to a query is the value given earlier for its key. In 'equals'
+    the first answer byte follows '=', so finding it takes two hops (the '=' whose previous
+    byte is the key, then the byte after it); in 'adjacent' it follows the key itself, the
+    one-hop copy an induction head makes (the byte after the earlier occurrence of the
+    current byte). Returns (text, [(first_byte, length), ...]) with spans into text. A
+    curriculum may lower max_pairs (fewer pairs are fewer distractors); the evaluation set
+    uses 4 to 16."""
     pairs = rng.randint(min(MIN_PAIRS, max_pairs), max_pairs)
     keys = rng.sample(KEYS, pairs)
     values = {k: rng.choice(VALUE_LETTERS) + rng.choice(VALUE_LETTERS) for k in keys}
-    text = "recall: " + " ".join(f"{k}={values[k]}" for k in keys) + " ?"
+    separator = "=" if style == "equals" else ""
+    text = "recall: " + " ".join(f"{k}{separator}{values[k]}" for k in keys) + " ?"
     queries = rng.sample(keys, rng.randint(max(1, pairs // 2), pairs))
     spans = []
     for k in queries:
-        text += f" {k}="
+        text += f" {k}{separator}"
         spans.append((len(text), 2))
         text += values[k]
     text += "\n"
@@ -240,7 +249,7 @@ def text_window(rng, train_blob):
     return [BOS] + list(train_blob[start:start + CONTEXT - 1]), [1.0] * CONTEXT
 
 
-def recall_window(rng, train_blob, answers_only, single, max_pairs):
+def recall_window(rng, train_blob, answers_only, single, max_pairs, style):
     """Recall texts (each after its own BOS) to CONTEXT tokens, and a loss weight per token.
     Packed (single false): more recall texts fill the window, so a later text's keys also
     occur, with other values, in the texts before it. Single: one recall text, then prose
@@ -256,7 +265,7 @@ def recall_window(rng, train_blob, answers_only, single, max_pairs):
             ids += prose
             weights += [0.0 if answers_only else 1.0] * len(prose)
             break
-        text, spans = recall_sequence(rng, max_pairs=max_pairs)
+        text, spans = recall_sequence(rng, max_pairs=max_pairs, style=style)
         w = [0.0 if answers_only else 1.0] * (len(text) + 1)
         for first, length in spans:
             for j in range(first, first + length):
@@ -267,19 +276,19 @@ def recall_window(rng, train_blob, answers_only, single, max_pairs):
 
 
 def batch(rng, train_blob, size, recall_fraction, recall_answers_only=False, recall_single=False,
-          max_pairs=MAX_PAIRS):
-    rows = [recall_window(rng, train_blob, recall_answers_only, recall_single, max_pairs)
+          max_pairs=MAX_PAIRS, style="equals"):
+    rows = [recall_window(rng, train_blob, recall_answers_only, recall_single, max_pairs, style)
             if rng.random() < recall_fraction else text_window(rng, train_blob) for _ in range(size)]
     t = torch.tensor([ids for ids, _ in rows], dtype=torch.long)
     w = torch.tensor([weights for _, weights in rows], dtype=torch.float32)
     return t[:, :-1], t[:, 1:], w[:, 1:]
 
 
-def recall_rows(rng, rows, max_pairs):
+def recall_rows(rng, rows, max_pairs, style):
     """`rows` short rows of one recall text each (after its BOS), padded with EOS to the
     longest text of the step, with loss weight 1 on the answer bytes alone. Shorter than a
     CONTEXT window, so a step holds several times more recall texts for the same compute."""
-    texts = [recall_sequence(rng, max_pairs=max_pairs) for _ in range(rows)]
+    texts = [recall_sequence(rng, max_pairs=max_pairs, style=style) for _ in range(rows)]
     length = max(len(text) for text, _ in texts) + 1
     ids, weights = [], []
     for text, spans in texts:
@@ -414,6 +423,9 @@ def main():
                          "seeded random initialisation; its SHA-256 is recorded in results.json")
     ap.add_argument("--recall-loss", choices=("all", "answers"), default="all",
                     help="which tokens of a recall window the loss covers: all, or only the answer bytes")
+    ap.add_argument("--recall-format", choices=RECALL_FORMATS, default="equals",
+                    help="recall texts as 'K=wd' pairs (two hops to an answer) or 'Kwd' pairs (one hop); the "
+                         "evaluation set uses the same format")
     ap.add_argument("--recall-window", choices=("packed", "single"), default="packed",
                     help="a recall training window: recall texts packed, or one recall text then prose")
     ap.add_argument("--recall-pairs-start", type=int, default=MAX_PAIRS,
@@ -467,7 +479,7 @@ def main():
 
     rng = random.Random(args.seed)
     eval_rng = random.Random(args.seed + 1)  # the recall evaluation set: texts training draws independently
-    recall_items = [recall_sequence(eval_rng) for _ in range(args.recall_eval)]
+    recall_items = [recall_sequence(eval_rng, style=args.recall_format) for _ in range(args.recall_eval)]
     held_windows = heldout_windows(held_blob)
     probe = held_windows[:: max(1, len(held_windows) // 12)][:12]
 
@@ -494,14 +506,14 @@ def main():
             start_pairs = args.recall_pairs_start
             max_pairs = start_pairs + int((MAX_PAIRS - start_pairs) * step / args.curriculum_steps)
         x, y, w = batch(rng, train_blob, args.batch, args.recall_fraction, args.recall_loss == "answers",
-                        args.recall_window == "single", max_pairs)
+                        args.recall_window == "single", max_pairs, args.recall_format)
         logits = model(x)
         token_loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="none")
         loss = (token_loss * w.reshape(-1)).sum() / w.sum()
         if args.recall_rows > 0:
             # The two objectives weigh the same whatever their token counts: the mean over
             # the windows' tokens plus the mean over the recall rows' answer bytes.
-            rx, ry, rw = recall_rows(rng, args.recall_rows, max_pairs)
+            rx, ry, rw = recall_rows(rng, args.recall_rows, max_pairs, args.recall_format)
             recall_row_tokens += rx.numel()
             recall_loss = F.cross_entropy(model(rx).reshape(-1, VOCAB), ry.reshape(-1), reduction="none")
             loss = loss + (recall_loss * rw.reshape(-1)).sum() / rw.sum()
@@ -561,7 +573,7 @@ def main():
         "training": previous["training"] if previous else dict(steps=args.steps, batch=args.batch, context=CONTEXT, lr=args.lr,
                          recall_fraction=args.recall_fraction, seed=args.seed, threads=args.threads,
                          warmup=warmup, init_from=init_from, recall_loss=args.recall_loss,
-                         recall_window=args.recall_window, recall_pairs_start=args.recall_pairs_start,
+                         recall_window=args.recall_window, recall_format=args.recall_format, recall_pairs_start=args.recall_pairs_start,
                          curriculum_steps=args.curriculum_steps, recall_rows=args.recall_rows,
                          seconds=round(train_seconds, 1), tokens=args.steps * args.batch * (CONTEXT - 1) + recall_row_tokens,
                          final_train_loss=log[-1]["train_loss"]),

@@ -6,7 +6,8 @@ latency_vs_context.png: per-token latency with the cache and recomputing, by con
 bandwidth_fraction.png: decode attention's fraction of the streaming-read bandwidth measured in
     the same run, by layout, element type, batch and context (hatched: the K/V fit the LLC).
 compress_quality.png: quality against memory for each eviction policy (07_compress --json):
-    perplexity increase and mean KL divergence from the full cache against the bytes held.
+    perplexity increase and mean KL divergence from the full cache, and recall accuracy (with
+    the full cache's as a line), against the bytes held.
 """
 import argparse
 import json
@@ -111,15 +112,25 @@ def compress_chart(plt, data, out_dir):
     if not rows:
         return None
     policies = list(dict.fromkeys(r["params"]["policy"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    def recall_percent(r):
+        total = r["metrics"].get("recall_total", 0)
+        return 100 * r["metrics"].get("recall_right", 0) / total if total else float("nan")
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for i, policy in enumerate(policies):
         mine = sorted((r for r in rows if r["params"]["policy"] == policy), key=lambda r: r["metrics"]["bytes_vs_full"])
         xs = [100 * r["metrics"]["bytes_vs_full"] for r in mine]
         axes[0].plot(xs, [100 * r["metrics"]["perplexity_vs_full"] for r in mine], "o-", color=f"C{i}", label=policy)
         axes[1].plot(xs, [r["metrics"]["kl_mean"] for r in mine], "o-", color=f"C{i}", label=policy)
+        axes[2].plot(xs, [recall_percent(r) for r in mine], "o-", color=f"C{i}", label=policy)
+    full = [r for r in rows_of(data, "compress_quality") if r["params"]["policy"] == "none"]
+    if full:
+        axes[2].axhline(recall_percent(full[0]), color="black", linestyle="--", linewidth=0.8, label="full cache")
+        axes[2].legend(fontsize=8)
     axes[0].set_ylabel("perplexity vs the full cache (%)")
     axes[1].set_ylabel("mean KL(full || policy) per token (nats)")
     axes[1].set_yscale("log")
+    axes[2].set_ylabel("recall queries answered (%)")
     for ax in axes:
         ax.set_xlabel("bytes held (% of the full cache, pool accounting)")
         ax.grid(True, which="both", alpha=0.3)

@@ -54,7 +54,8 @@ options:
   --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
   --sinks N              sliding_window: first positions kept forever in those layers (default 4)
   --kv-policy NAME       none | streaming | h2o | snapkv | tova | knorm | random: evict K/V rows once a
-                         layer holds more than its budget (every layout, CPU backend; default none)
+                         layer holds more than its budget (every layout and backend; knorm reads
+                         keys on the host, so not on cuda; default none)
   --kv-budget N          rows each layer keeps (tokens per sequence; default: --kv-ratio 0.5)
   --kv-ratio R           or a ratio in (0, 1] of the sequence's length (never below sinks + recent)
   --kv-layer-budgets K   uniform | pyramid: the same budget per layer, or PyramidKV's decreasing ones
@@ -135,7 +136,7 @@ void print_held(const ex::cached_generation& run, const ex::cache_options& cache
     const std::size_t row_bytes =
         2 * std::size_t(config.num_kv_heads) * std::size_t(kvcache::stored_row_bytes(cache.element, config.head_dim));
     std::printf("kv policy: %s; %d compactions\n", cache.compression.describe().c_str(), run.compactions);
-    if (run.rows_held.empty()) {  // the CUDA path does not report rows (it runs no policy)
+    if (run.rows_held.empty()) {  // an attention path without the eviction hook reports no rows
         std::printf("cache in use: %zu bytes\n", run.bytes_used);
         return;
     }
@@ -193,9 +194,6 @@ int run(int argc, char** argv) {
     if (cache.compression.active() && args.has("--compare"))
         throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
                               " evicts rows that recomputation keeps; --compare checks a cache that keeps them all");
-    if (cache.compression.active() && backend_request == "cuda")
-        throw ex::usage_error(std::string("--kv-policy ") + kvcache::to_string(cache.compression.policy) +
-                              " runs on the CPU backend; --backend cuda was asked for");
     int windowed_layers = 0;
     for (int l = 0; l < config.num_layers; ++l) windowed_layers += config.window_of(l) > 0;
 
@@ -214,9 +212,7 @@ int run(int argc, char** argv) {
         runner = &ex::generate_with_kvcache<>;
     }
     ex::backend_choice backend{ex::compute_backend::cpu, "--no-cache: recomputation runs on the CPU"};
-    if (want_cached && cache.compression.active())
-        backend = {ex::compute_backend::cpu, "--kv-policy: eviction runs on the CPU backend"};
-    else if (want_cached) {
+    if (want_cached) {
         backend = ex::choose_backend(backend_request);
         if (backend.backend == ex::compute_backend::cuda) {
             if (ex::cached_runner cuda = ex::cuda_runner_for(wanted)) {

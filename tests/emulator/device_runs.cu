@@ -56,6 +56,13 @@ void gpu_block_reduce(const std::vector<float>& input, int blocks, std::vector<f
     m.copy_to(maxima);
 }
 
+void gpu_block_vote(int blocks, std::vector<int>& votes) {
+    device_array<int> v(votes.size());
+    kvcache::launch<block_vote_body>(index3{blocks, 1, 1}, 0, nullptr, vote_params{v.pointer});
+    finish();
+    v.copy_to(votes);
+}
+
 void gpu_warp_ops(std::vector<int>& out) {
     device_array<int> o(out.size());
     kvcache::launch<warp_ops_body>(index3{}, 0, nullptr, warp_ops_params{o.pointer});

@@ -13,6 +13,7 @@ bool gpu_available(std::string& why);
 /// Each wrapper copies inputs to the GPU, launches the body through
 /// kvcache::launch and copies the outputs back.
 void gpu_block_reduce(const std::vector<float>& input, int blocks, std::vector<float>& sums, std::vector<float>& maxima);
+void gpu_block_vote(int blocks, std::vector<int>& votes);
 void gpu_warp_ops(std::vector<int>& out);
 void gpu_neighbour(const std::vector<float>& input, std::vector<float>& out);
 void gpu_copy16(const std::vector<unsigned char>& source, std::vector<unsigned char>& floats,

@@ -32,6 +32,13 @@ TEST_CASE("the test bodies give the emulator's results on a GPU") {
         for (int i = 0; i < 2 * blocks; ++i) CHECK(gpu_sums[i] == doctest::Approx(sums[i]).epsilon(1e-6));
         CHECK(gpu_maxima == maxima);
     }
+    SUBCASE("block vote (sync_block_or)") {
+        const int blocks = 4;
+        std::vector<int> votes(blocks * 128), gpu(blocks * 128);
+        kvcache::emulate<block_vote_body>(index3{blocks, 1, 1}, 0, vote_params{votes.data()});
+        gpu_block_vote(blocks, gpu);
+        CHECK(gpu == votes);
+    }
     SUBCASE("warp collectives") {
         std::vector<int> out(64 * warp_ops_outputs), gpu(64 * warp_ops_outputs);
         kvcache::emulate<warp_ops_body>(index3{}, 0, warp_ops_params{out.data()});

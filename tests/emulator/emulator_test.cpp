@@ -43,6 +43,18 @@ TEST_CASE("block_sum and block_max give every thread the block's result") {
     });
 }
 
+TEST_CASE("sync_block_or tells every thread whether any thread's predicate was true") {
+    const int blocks = 4;
+    kvcache::for_each_schedule([&](const emulator_options& options) {
+        CAPTURE(kvcache::to_string(options.schedule));
+        std::vector<int> votes(blocks * block_vote_body::block_threads, -1);
+        emulate<block_vote_body>(index3{blocks, 1, 1}, 0, vote_params{votes.data()}, options);
+        for (int b = 0; b < blocks; ++b)
+            for (int t = 0; t < block_vote_body::block_threads; ++t)
+                CHECK(votes[std::size_t(b * block_vote_body::block_threads + t)] == b % 2);  // one thread of odd blocks votes
+    });
+}
+
 TEST_CASE("warp shuffles, votes and warp reductions give CUDA's results") {
     kvcache::for_each_schedule([&](const emulator_options& options) {
         CAPTURE(kvcache::to_string(options.schedule));

@@ -40,6 +40,22 @@ struct block_reduce_body {
     }
 };
 
+/// sync_block_or over a block: true in block b only when b is odd, where one
+/// thread (b * 37 % 128) votes true; every thread writes what it got.
+struct vote_params {
+    int* votes;  // block_threads per block
+};
+struct block_vote_body {
+    static constexpr const char* name = "block_vote";
+    static constexpr int block_threads = 128;
+    template <class Context>
+    KVCACHE_HOST_DEVICE void operator()(Context& ctx, const vote_params& p) const {
+        const int block = ctx.block_index().x;
+        const bool mine = block % 2 == 1 && ctx.thread_index() == block * 37 % block_threads;
+        p.votes[block * block_threads + ctx.thread_index()] = ctx.sync_block_or(mine) ? 1 : 0;
+    }
+};
+
 /// Every warp collective once; each thread writes warp_ops_outputs ints.
 constexpr int warp_ops_outputs = 10;
 struct warp_ops_params {

@@ -25,6 +25,8 @@
 //   int warp() const;                           thread_index() / 32
 //   int warp_count() const;                     block_size() / 32
 //   void sync_block();                          __syncthreads: every thread of the block must call it
+//   bool sync_block_or(bool);                   __syncthreads_or: a barrier that also tells every thread
+//                                               whether any thread's predicate was true
 //   T shuffle_xor(T v, int lane_mask);          __shfl_xor_sync over the full warp (T of 4 or 8 bytes)
 //   T shuffle_down(T v, int delta);             __shfl_down_sync; lanes past 31 keep their own v
 //   T shuffle_index(T v, int source_lane);      __shfl_sync: v of lane source_lane % 32

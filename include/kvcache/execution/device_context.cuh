@@ -51,6 +51,7 @@ public:
     __device__ int warp_count() const { return BlockThreads / warp_size; }
 
     __device__ void sync_block() { __syncthreads(); }
+    __device__ bool sync_block_or(bool predicate) { return __syncthreads_or(predicate) != 0; }
 
     template <class T>
     __device__ T shuffle_xor(T value, int lane_mask) {

@@ -74,6 +74,10 @@ public:
     KVCACHE_HOST_DEVICE void sync_block() {
         KVCACHE_EMULATOR_DO(runner_->block_collective(thread_, detail::collective::sync_block, 0.0f))
     }
+    KVCACHE_HOST_DEVICE bool sync_block_or(bool predicate) {
+        KVCACHE_EMULATOR_RETURN(
+            runner_->block_collective(thread_, detail::collective::sync_block_or, predicate ? 1.0f : 0.0f) > 0.0f)
+    }
 
     template <class T>
     KVCACHE_HOST_DEVICE T shuffle_xor(T value, int lane_mask) {

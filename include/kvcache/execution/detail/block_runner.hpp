@@ -23,6 +23,7 @@ namespace kvcache::detail {
 enum class collective : std::uint8_t {
     none,
     sync_block,
+    sync_block_or,
     block_sum,
     block_max,
     shuffle_xor,
@@ -40,6 +41,7 @@ inline const char* collective_name(collective c) noexcept {
     switch (c) {
     case collective::none: return "none";
     case collective::sync_block: return "sync_block";
+    case collective::sync_block_or: return "sync_block_or";
     case collective::block_sum: return "block_sum";
     case collective::block_max: return "block_max";
     case collective::shuffle_xor: return "shuffle_xor";
@@ -56,7 +58,8 @@ inline const char* collective_name(collective c) noexcept {
 
 /// True for the collectives the whole block takes part in.
 constexpr bool is_block_collective(collective c) noexcept {
-    return c == collective::sync_block || c == collective::block_sum || c == collective::block_max;
+    return c == collective::sync_block || c == collective::sync_block_or || c == collective::block_sum ||
+           c == collective::block_max;
 }
 
 /// Thrown into suspended fibers to unwind them after a fault; deliberately not
@@ -145,7 +148,8 @@ public:
     }
 
     /// A block-wide collective: waits until every thread of the block arrives,
-    /// and returns the block's sum or max for block_sum / block_max.
+    /// and returns the block's sum or max for block_sum / block_max (sync_block_or
+    /// passes its predicate as 0 or 1 and takes the max: any thread's true gives 1).
     float block_collective(int thread, collective op, float value) {
         if (aborting_) throw fiber_unwind{};
         if (block_arrived_ == 0) {
@@ -357,7 +361,7 @@ private:
 
     void release_block() {
         if (block_op_ != collective::sync_block) {
-            const bool maximum = block_op_ == collective::block_max;
+            const bool maximum = block_op_ == collective::block_max || block_op_ == collective::sync_block_or;
             float result = 0.0f;
             for (std::size_t w = 0; w < warps_.size(); ++w) {
                 const float partial = warp_tree(&block_values_[w * warp_threads], maximum);

@@ -9,10 +9,16 @@
 // running sum keeps the unscaled weight). int4 rows (RowScales too) are
 // dequantised in the tile loads with their groups' records (load_row8); their
 // row factor is 1, or NaN for a row that reads NaN, whose values load as zeros.
+// Every other type's NaN or infinite value row holds its NaN in its values: a
+// tile with one is folded skipping the keys a row does not see (0 x NaN is
+// NaN), found by a vote at the barrier that follows the loads, so clean tiles
+// pay nothing.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/kernels/detail/vector_rows.hpp"
@@ -27,6 +33,18 @@ struct single_query_position {
     int position;
     KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE int operator[](int) const noexcept { return position; }
 };
+
+/// True when one of the 8 floats is a NaN or an infinity (read from the bits,
+/// so no compiler flag about NaN can fold the test away).
+KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE bool any_non_finite8(const float (&x)[8]) noexcept {
+    bool any = false;
+    for (int j = 0; j < 8; ++j) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &x[j], sizeof bits);
+        any = any || (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    return any;
+}
 
 /// What the queries are multiplied by: the softmax scale, times an fp8 cache's
 /// key scale (every logit is linear in the keys), so the tile loads stay the
@@ -101,6 +119,7 @@ struct attention_tile {
                                                               float (&accumulators)[per_thread]) {
         const int thread = ctx.thread_index(), lane = ctx.lane(), warp = ctx.warp(), warps = ctx.warp_count();
         auto row_scales = ctx.template shared_array<float>(row_scale_offset, RowScales ? 2 * Tile : 0);
+        bool loaded_non_finite = false;  // a value piece this thread loaded holds a NaN or an infinity
         for (int i = thread; i < n * (Dim / 8); i += BlockThreads) {
             const int t = i / (Dim / 8), c = (i % (Dim / 8)) * 8;
             const Element* key = run.keys + std::size_t(t) * run.stride;
@@ -110,6 +129,7 @@ struct attention_tile {
             for (int j = 0; j < 8; ++j) keys[t * pitch + c + j] = x[j];
             load_row8<Dim>(ctx, value, c, x);
             for (int j = 0; j < 8; ++j) values[t * Dim + c + j] = x[j];
+            if constexpr (!RowScales) loaded_non_finite = loaded_non_finite || any_non_finite8(x);
             if constexpr (RowScales) {
                 if (c == 0) {  // the thread of the row's first piece
                     row_scales[t] = row_factor<Dim>(key);
@@ -117,7 +137,11 @@ struct attention_tile {
                 }
             }
         }
-        ctx.sync_block();
+        // True in every thread when the tile holds a NaN or infinite value (never for
+        // RowScales types: their rows' NaN is in the row factor, applied to nonzero weights only).
+        bool tile_non_finite = false;
+        if constexpr (RowScales) ctx.sync_block();
+        else tile_non_finite = ctx.sync_block_or(loaded_non_finite);
         for (int i = thread; i < Rows * Tile; i += BlockThreads) {
             const int r = i / Tile, t = i % Tile, token = r / Group;
             float score = negative_infinity();
@@ -158,7 +182,14 @@ struct attention_tile {
             if (j < Rows * Dim) {
                 const int r = j / Dim, d = j % Dim;
                 float a = accumulators[k] * stats[2 * Rows + r];
-                for (int t = 0; t < n; ++t) a += scores[r * Tile + t] * values[t * Dim + d];
+                if (!tile_non_finite) {
+                    for (int t = 0; t < n; ++t) a += scores[r * Tile + t] * values[t * Dim + d];
+                } else {  // only the keys the row sees: 0 x NaN would reach the others
+                    const int token = r / Group;
+                    for (int t = 0; t < n; ++t)
+                        if (token < tokens && visibility.allows(positions[token], run.first_position + t))
+                            a += scores[r * Tile + t] * values[t * Dim + d];
+                }
                 accumulators[k] = a;
             }
         }

@@ -145,16 +145,6 @@ void read_tile_scales(const key_tile<qint8>& tile, tile_scales& scales) noexcept
     }
 }
 
-/// Calls f with std::integral_constant<int, q> for q = 0..3 (an int4
-/// group's quarters in nibble order).
-template <class F>
-void for_each_quarter(F&& f) {
-    f(std::integral_constant<int, 0>{});
-    f(std::integral_constant<int, 1>{});
-    f(std::integral_constant<int, 2>{});
-    f(std::integral_constant<int, 3>{});
-}
-
 /// scores[r][t] = q_r . k_t for Rows query rows (scaled already) and the
 /// first `keys` keys of the tile (a multiple of the key step). For a qint8
 /// tile the dot product of the unscaled row is multiplied by key_scales[t].
@@ -183,20 +173,28 @@ void tile_scores(const float* queries, const key_tile<Element>& tile, int keys, 
             }
         };
         if constexpr (int4_nibble_order_v<Element, Dim>) {
-            // A group's four quarters in turn, unrolled, so its scale and
-            // minimum are read once and each quarter's unpacking is fixed.
+            // A group's byte blocks in turn, each unpacked once into its low
+            // and high nibbles (two consecutive nibble-order chunks).
+            constexpr int chunks_per_group = qint4_group_size / vec::lanes;
             for (int g = 0; g < Dim / qint4_group_size; ++g)
-                for_each_quarter([&](auto quarter) {
-                    vec k[step];
-                    for (int j = 0; j < step; ++j) k[j] = load_int4_nibbles<Dim>(tile.keys[t + j], g, quarter.value);
-                    add_products(g * 4 + quarter.value, k);
-                });
+                for (int h = 0; h < chunks_per_group / 2; ++h) {
+                    vec low[step], high[step];
+                    for (int j = 0; j < step; ++j) load_int4_nibble_pair<Dim>(tile.keys[t + j], g, h, low[j], high[j]);
+                    add_products(g * chunks_per_group + 2 * h, low);
+                    add_products(g * chunks_per_group + 2 * h + 1, high);
+                }
         } else {
             for (int c = 0; c < chunks; ++c) {
                 vec k[step];
                 for (int j = 0; j < step; ++j) k[j] = load_row<vec, Dim>(tile.keys[t + j], c * vec::lanes);
                 add_products(c, k);
             }
+        }
+        if constexpr (step == 4) {
+            for (int r = 0; r < Rows; ++r)
+                store_sums4(accumulators[r], has_row_scales_v<Element> ? key_scales + t : nullptr,
+                            scores + r * tile_keys + t);
+            continue;
         }
         for (int r = 0; r < Rows; ++r)
             for (int j = 0; j < step; ++j) {
@@ -218,7 +216,13 @@ void tile_values(const float* weights, const float* rescale, const key_tile<Elem
                  float* accumulators, const float* value_scales = nullptr) {
     using vec = typename vector_for<Dim>::type;
     constexpr int chunks = Dim / vec::lanes;
-    constexpr int width = chunks % 2 == 0 && Rows * 2 <= vector_registers / 2 ? 2 : 1;  // chunks per pass
+    // Chunks per pass: as many as keep Rows x width sums within half the
+    // registers (each weight is broadcast once per pass, so wider passes
+    // broadcast less); the int4 nibble-order loads come in pairs.
+    constexpr int width = chunks % 4 == 0 && Rows * 4 <= vector_registers / 2   ? 4
+                          : chunks % 2 == 0 && Rows * 2 <= vector_registers / 2 ? 2
+                                                                                 : 1;
+    static_assert(!int4_nibble_order_v<Element, Dim> || width % 2 == 0, "nibble-order chunks load in pairs");
     (void)value_scales;
     for (int c = 0; c < chunks; c += width) {
         vec sums[Rows][width];
@@ -227,8 +231,11 @@ void tile_values(const float* weights, const float* rescale, const key_tile<Elem
                 sums[r][w] = vec::load(accumulators + r * Dim + (c + w) * vec::lanes) * vec::broadcast(rescale[r]);
         for (int t = 0; t < keys; ++t) {
             vec v[width];
-            if constexpr (int4_nibble_order_v<Element, Dim> && width == 2) {
-                load_int4_nibble_pair<Dim>(tile.values[t], c / 4, c % 4 / 2, v[0], v[1]);  // c is even
+            if constexpr (int4_nibble_order_v<Element, Dim>) {
+                constexpr int chunks_per_group = qint4_group_size / vec::lanes;
+                for (int w = 0; w < width; w += 2)  // c + w is even: a byte block's low, then high nibbles
+                    load_int4_nibble_pair<Dim>(tile.values[t], (c + w) / chunks_per_group,
+                                               (c + w) % chunks_per_group / 2, v[w], v[w + 1]);
             } else {
                 for (int w = 0; w < width; ++w) v[w] = load_row<vec, Dim>(tile.values[t], (c + w) * vec::lanes);
             }

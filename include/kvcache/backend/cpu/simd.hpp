@@ -168,6 +168,26 @@ struct float16 {
         return _mm_cvtss_f32(y);
     }
 };
+/// out[j] = sum(a[j]) * (factors ? factors[j] : 1) for j in 0..3: the four
+/// lane sums taken together (three shuffle-and-add levels for all four, then
+/// two within 128-bit lanes) in the association sum() uses, so each is the
+/// same float sum() gives, for about a third of the instructions.
+inline void store_sums4(const float16 (&a)[4], const float* factors, float* out) noexcept {
+    // 256-bit halves: [a0.lo + a0.hi | a1.lo + a1.hi], and the same of a2, a3.
+    const __m512 c01 = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xffff, a[0].v, a[1].v, 0x44),
+                                     _mm512_maskz_shuffle_f32x4(0xffff, a[0].v, a[1].v, 0xee));
+    const __m512 c23 = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xffff, a[2].v, a[3].v, 0x44),
+                                     _mm512_maskz_shuffle_f32x4(0xffff, a[2].v, a[3].v, 0xee));
+    // 128-bit blocks: block j holds a_j's four partial sums.
+    const __m512 d = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xffff, c01, c23, 0x88),
+                                   _mm512_maskz_shuffle_f32x4(0xffff, c01, c23, 0xdd));
+    // Within each block: lanes 0 + 2 and 1 + 3, then those two (sum()'s movehl and movehdup).
+    __m512 e = _mm512_add_ps(d, _mm512_maskz_permute_ps(0xffff, d, 0x4e));
+    e = _mm512_add_ps(e, _mm512_maskz_permute_ps(0xffff, e, 0xb1));
+    __m128 sums = _mm512_maskz_extractf32x4_ps(0xf, _mm512_maskz_compress_ps(0x1111, e), 0);
+    if (factors) sums = _mm_mul_ps(sums, _mm_loadu_ps(factors));
+    _mm_storeu_ps(out, sums);
+}
 inline constexpr int widest_lanes = 16;
 /// Vector registers the build has (what bounds the kernel's accumulators).
 inline constexpr int vector_registers = 32;
@@ -175,6 +195,11 @@ inline constexpr int vector_registers = 32;
 inline constexpr int widest_lanes = 8;
 inline constexpr int vector_registers = 16;
 #endif
+
+/// out[j] = sum(a[j]) * (factors ? factors[j] : 1) for j in 0..3, one at a time.
+inline void store_sums4(const float8 (&a)[4], const float* factors, float* out) noexcept {
+    for (int j = 0; j < 4; ++j) out[j] = factors ? sum(a[j]) * factors[j] : sum(a[j]);
+}
 
 /// The widest vector whose lane count divides Dim.
 template <int Dim>
@@ -231,71 +256,78 @@ inline Vec load_int4(const qint4* row, int d) noexcept {
 }
 
 /// True where the decode kernel reads int4 rows of head dimension Dim in
-/// "nibble order" (AVX2 builds, Dim a multiple of 32): 8 bytes of codes
-/// zero-extended to 32-bit lanes give their low nibbles by a mask and their
-/// high ones by a shift, so 8 values cost 4 instructions where gathering
-/// them in d order (load_int4) costs 10. The query rows and accumulators
-/// are put in the same order for the walk (int4_nibble_index).
+/// "nibble order" (AVX2 and AVX-512 builds, Dim a multiple of 32): a block
+/// of code bytes zero-extended to 32-bit lanes gives its low nibbles by a
+/// mask and its high ones by a shift, so a vector of values costs about 3
+/// instructions where gathering them in d order (load_int4) costs 10. The
+/// query rows and accumulators are put in the same order for the walk
+/// (int4_nibble_index).
 /// @tparam Element the stored element type
 /// @tparam Dim head dimension
 template <class Element, int Dim>
 inline constexpr bool int4_nibble_order_v =
-    std::is_same_v<Element, qint4> && Dim % qint4_group_size == 0 && KVCACHE_CPU_AVX2_FMA && !KVCACHE_CPU_AVX512;
+    std::is_same_v<Element, qint4> && Dim % qint4_group_size == 0 && KVCACHE_CPU_AVX2_FMA;
 
-/// The d of position p in nibble order: each group of 32 is read as four
-/// vectors of 8, the low nibbles of its bytes 0..7 (d = 0, 2, .., 14), their
-/// high nibbles (d = 1, 3, .., 15), then the same for bytes 8..15 (d = 16.. 31).
+/// Lanes of one nibble-order vector: the widest vector's (8 on AVX2, 16 on AVX-512).
+inline constexpr int int4_nibble_lanes = widest_lanes;
+
+/// The d of position p in nibble order: each group of 32 is read as vectors
+/// of L = int4_nibble_lanes values, in pairs: the low nibbles of L code bytes
+/// (d = 0, 2, .., 2L - 2 from the block's start), then their high nibbles
+/// (d = 1, 3, .., 2L - 1); AVX2 reads two such blocks of 8 bytes a group,
+/// AVX-512 one of 16.
 inline constexpr int int4_nibble_index(int p) noexcept {
+    constexpr int lanes = int4_nibble_lanes;
     const int group = p / qint4_group_size, within = p % qint4_group_size;
-    const int quarter = within / 8, lane = within % 8;
-    return group * qint4_group_size + (quarter / 2) * 16 + 2 * lane + quarter % 2;
+    const int vector = within / lanes, lane = within % lanes;
+    return group * qint4_group_size + (vector / 2) * 2 * lanes + 2 * lane + vector % 2;
 }
 
-/// Quarters 2h and 2h + 1 of group g of an int4 row in nibble order (the
-/// low and high nibbles of the same 8 bytes), loaded and scaled once.
+/// Nibble-order vectors 2h and 2h + 1 of group g of an int4 row (the low and
+/// high nibbles of the same code bytes), loaded and scaled once.
 /// @tparam Dim head dimension
-template <int Dim>
-inline void load_int4_nibble_pair(const qint4* row, int g, int h, float8& low, float8& high) noexcept {
-#if KVCACHE_CPU_AVX2_FMA && !KVCACHE_CPU_AVX512
+/// @tparam Vec the widest vector (float8 on AVX2, float16 on AVX-512)
+template <int Dim, class Vec>
+inline void load_int4_nibble_pair(const qint4* row, int g, int h, Vec& low, Vec& high) noexcept {
+    static_assert(Vec::lanes == int4_nibble_lanes, "nibble order reads the widest vectors");
+#if KVCACHE_CPU_AVX2_FMA
     std::uint32_t record;  // half scale, half minimum
     std::memcpy(&record, static_cast<const void*>(row + qint4_code_bytes(Dim) + g * qint4_group_bytes), sizeof record);
     const __m128 scale_minimum = _mm_cvtph_ps(_mm_cvtsi32_si128(int(record)));
+    const qint4* const codes = row + g * (qint4_group_size / 2) + h * Vec::lanes;
+#if KVCACHE_CPU_AVX512
+    // maskz forms: g++ 12 warns (-Werror) that the unmasked ones' undefined source may be used.
+    const __m512 scale = _mm512_maskz_broadcastss_ps(0xffff, scale_minimum);
+    const __m512 minimum = _mm512_maskz_broadcastss_ps(0xffff, _mm_movehdup_ps(scale_minimum));
+    const __m512i bytes = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+    const __m512i low_codes = _mm512_maskz_and_epi32(0xffff, bytes, _mm512_set1_epi32(0xf));
+    const __m512i high_codes = _mm512_maskz_srli_epi32(0xffff, bytes, 4);
+    low = {_mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, low_codes), scale, minimum)};
+    high = {_mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, high_codes), scale, minimum)};
+#else
     const __m256 scale = _mm256_broadcastss_ps(scale_minimum), minimum = _mm256_broadcastss_ps(_mm_movehdup_ps(scale_minimum));
-    const __m256i bytes =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + g * (qint4_group_size / 2) + h * 8)));
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
     low = {_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(0xf))), scale, minimum)};
     high = {_mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)), scale, minimum)};
+#endif
 #else
     (void)row;
     (void)g;
     (void)h;
     (void)low;
     (void)high;
-    static_assert(Dim < 0, "nibble order is an AVX2 path (int4_nibble_order_v)");
+    static_assert(Dim < 0, "nibble order is an AVX2 / AVX-512 path (int4_nibble_order_v)");
 #endif
 }
 
-/// The 8 dequantised values of quarter q (0..3) of group g of an int4 row
-/// of Dim values, in nibble order (int4_nibble_order_v only): nibble-order
-/// positions [32 g + 8 q, 32 g + 8 q + 8). The pair's other quarter is dead
-/// code once q is known, which the callers' unrolled loops make it.
-/// @tparam Dim head dimension
-template <int Dim>
-inline float8 load_int4_nibbles(const qint4* row, int g, int q) noexcept {
-    float8 low, high;
-    load_int4_nibble_pair<Dim>(row, g, q / 2, low, high);
-    return q % 2 == 0 ? low : high;
-}
-
 /// Vec::lanes values of a stored row from d on, widened: in place for every
-/// type but int4, whose group scales and minima load_int4 applies (in
-/// nibble order where int4_nibble_order_v: d is then a nibble-order position).
+/// type but int4, whose group scales and minima load_int4 applies (the
+/// nibble-order walks read int4 through load_int4_nibble_pair instead).
 /// @tparam Vec float8 or float16
 /// @tparam Dim head dimension
 template <class Vec, int Dim, class Element>
 inline Vec load_row(const Element* row, int d) noexcept {
-    if constexpr (int4_nibble_order_v<Element, Dim>) return load_int4_nibbles<Dim>(row, d / qint4_group_size, d % qint4_group_size / 8);
-    else if constexpr (std::is_same_v<Element, qint4>) return load_int4<Vec, Dim>(row, d);
+    if constexpr (std::is_same_v<Element, qint4>) return load_int4<Vec, Dim>(row, d);
     else return Vec::load(row + d);
 }
 

@@ -129,14 +129,20 @@ struct attention_tile {
             for (int j = 0; j < 8; ++j) keys[t * pitch + c + j] = x[j];
             load_row8<Dim>(ctx, value, c, x);
             for (int j = 0; j < 8; ++j) values[t * Dim + c + j] = x[j];
-            if constexpr (!RowScales) loaded_non_finite = loaded_non_finite || any_non_finite8(x);
             if constexpr (RowScales) {
                 if (c == 0) {  // the thread of the row's first piece
                     row_scales[t] = row_factor<Dim>(key);
                     row_scales[Tile + t] = row_factor<Dim>(value);
                 }
+            } else {
+                loaded_non_finite = loaded_non_finite || any_non_finite8(x);
             }
         }
+        // The rows of query token `token` see key t of the run: the scores and a
+        // non-finite tile's values ask the same question.
+        const auto sees = [&](int token, int t) {
+            return token < tokens && visibility.allows(positions[token], run.first_position + t);
+        };
         // True in every thread when the tile holds a NaN or infinite value (never for
         // RowScales types: their rows' NaN is in the row factor, applied to nonzero weights only).
         bool tile_non_finite = false;
@@ -145,7 +151,7 @@ struct attention_tile {
         for (int i = thread; i < Rows * Tile; i += BlockThreads) {
             const int r = i / Tile, t = i % Tile, token = r / Group;
             float score = negative_infinity();
-            if (t < n && token < tokens && visibility.allows(positions[token], run.first_position + t)) {
+            if (t < n && sees(token, t)) {
                 float dot = 0.0f;
                 for (int d = 0; d < Dim; ++d) dot += queries[r * Dim + d] * keys[t * pitch + d];
                 if constexpr (RowScales) dot *= row_scales[t];
@@ -187,7 +193,7 @@ struct attention_tile {
                 } else {  // only the keys the row sees: 0 x NaN would reach the others
                     const int token = r / Group;
                     for (int t = 0; t < n; ++t)
-                        if (token < tokens && visibility.allows(positions[token], run.first_position + t))
+                        if (sees(token, t))
                             a += scores[r * Tile + t] * values[t * Dim + d];
                 }
                 accumulators[k] = a;

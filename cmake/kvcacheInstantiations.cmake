@@ -6,7 +6,9 @@
 #
 # layout: contiguous | paged | sliding_window; element: fp32 | fp16 | bf16 |
 # fp8_e4m3 | fp8_e5m2 | int8 | int4 (fp8, int8 and int4 caches are instantiated for
-# half queries and rows); a head
+# half queries and rows), or KEY+VALUE for keys and values stored in two of
+# those types (kvcache::kv_elements, e.g. paged:int8+int4:32:8:128; queries
+# and rows are the key type's activation, kvcache::default_activation); a head
 # count may be "dynamic" (kvcache::dynamic: one TU serves every count of that
 # head dimension, e.g. paged:fp16:dynamic:dynamic:128). Makes the
 # static library <target> (link it and include kvcache/backend/cuda.hpp from
@@ -14,9 +16,9 @@
 # defining kvcache::compiled::<target> (a type_list for kvcache::dispatch).
 #
 # Lists shipped with kvcache:
-#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (35 TUs:
+#   KVCACHE_CUDA_TEST_CONFIGURATIONS   what kvcache's GPU tests run (37 TUs:
 #                                      fp32 and fp16 in full, bf16 on three,
-#                                      fp8 on two);
+#                                      fp8 on two, K/V pairs on two);
 #                                      equals kvcache::test_configurations
 #   KVCACHE_CUDA_PRESET_CONFIGURATIONS every layout and type for the model
 #                                      presets (36 TUs); equals kvcache::preset_configurations
@@ -48,7 +50,32 @@ list(APPEND KVCACHE_CUDA_TEST_CONFIGURATIONS "contiguous:bf16:dynamic:dynamic:32
 # fp8 differs from fp16 in the tile load's widening, the append's narrowing and the scales: two TUs
 # (one per encoding; compiled and dynamic counts) cover those, CI building every TU on two cores.
 list(APPEND KVCACHE_CUDA_TEST_CONFIGURATIONS "paged:fp8_e4m3:8:2:64" "sliding_window:fp8_e5m2:dynamic:dynamic:32")
+# K/V pairs differ in having each side's loads, scales and append of its own type: two TUs.
+list(APPEND KVCACHE_CUDA_TEST_CONFIGURATIONS "paged:fp16+int4:8:2:64" "contiguous:int8+int4:dynamic:dynamic:32")
 _kvcache_product(KVCACHE_CUDA_PRESET_CONFIGURATIONS "fp32;fp16;bf16" "32:8:128;32:32:128;28:4:128;8:2:64")
+
+# The C++ type of one element name (fp32 ... int4), or FATAL_ERROR naming `configuration`.
+function(_kvcache_element_type out element configuration)
+    if(element STREQUAL "fp32")
+        set(type "float")
+    elseif(element STREQUAL "fp16")
+        set(type "kvcache::half")
+    elseif(element STREQUAL "bf16")
+        set(type "kvcache::bfloat16")
+    elseif(element STREQUAL "fp8_e4m3")
+        set(type "kvcache::float8_e4m3")
+    elseif(element STREQUAL "fp8_e5m2")
+        set(type "kvcache::float8_e5m2")
+    elseif(element STREQUAL "int8")
+        set(type "kvcache::qint8")
+    elseif(element STREQUAL "int4")
+        set(type "kvcache::qint4")
+    else()
+        message(FATAL_ERROR "kvcache: element '${element}' in '${configuration}' is not fp32, fp16, bf16, "
+                            "fp8_e4m3, fp8_e5m2, int8 or int4 (or KEY+VALUE of two of them)")
+    endif()
+    set(${out} "${type}" PARENT_SCOPE)
+endfunction()
 
 function(kvcache_add_cuda_instantiations target)
     cmake_parse_arguments(ARG "" "" "CONFIGURATIONS" ${ARGN})
@@ -87,24 +114,25 @@ function(kvcache_add_cuda_instantiations target)
         if(NOT layout MATCHES "^(contiguous|paged|sliding_window)$")
             message(FATAL_ERROR "kvcache: layout '${layout}' in '${KVCACHE_CONFIGURATION}' is not contiguous, paged or sliding_window")
         endif()
-        if(element STREQUAL "fp32")
-            set(type "float")
-        elseif(element STREQUAL "fp16")
-            set(type "kvcache::half")
-        elseif(element STREQUAL "bf16")
-            set(type "kvcache::bfloat16")
-        elseif(element STREQUAL "fp8_e4m3")
-            set(type "kvcache::float8_e4m3")
-        elseif(element STREQUAL "fp8_e5m2")
-            set(type "kvcache::float8_e5m2")
-        elseif(element STREQUAL "int8")
-            set(type "kvcache::qint8")
-        elseif(element STREQUAL "int4")
-            set(type "kvcache::qint4")
+        # KEY+VALUE: keys and values stored in two types (kvcache::kv_elements).
+        string(REPLACE "+" ";" sides "${element}")
+        list(LENGTH sides side_count)
+        if(side_count EQUAL 2)
+            list(GET sides 0 key_element)
+            list(GET sides 1 value_element)
+            if(key_element STREQUAL value_element)
+                message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' names one type twice "
+                                    "(write ${key_element})")
+            endif()
+            _kvcache_element_type(key_type "${key_element}" "${KVCACHE_CONFIGURATION}")
+            _kvcache_element_type(value_type "${value_element}" "${KVCACHE_CONFIGURATION}")
+            set(type "kvcache::kv_elements<${key_type}, ${value_type}>")
+        elseif(side_count EQUAL 1)
+            _kvcache_element_type(type "${element}" "${KVCACHE_CONFIGURATION}")
         else()
-            message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not fp32, fp16, bf16, "
-                                "fp8_e4m3, fp8_e5m2, int8 or int4")
+            message(FATAL_ERROR "kvcache: element '${element}' in '${KVCACHE_CONFIGURATION}' is not one type or KEY+VALUE")
         endif()
+        string(REPLACE "+" "_" element_file "${element}")
         # A head count may be "dynamic": one instantiation then serves every count (kvcache::dynamic).
         set(q_arg "${q}")
         set(kv_arg "${kv}")
@@ -120,7 +148,7 @@ function(kvcache_add_cuda_instantiations target)
         endif()
         set(heads "kvcache::head_config<${q_arg}, ${kv_arg}, ${dim}>")
         set(KVCACHE_VIEW "kvcache::${layout}_view<${type}, ${heads}>")
-        set(file "${dir}/${layout}_${element}_${q}_${kv}_${dim}.cu")
+        set(file "${dir}/${layout}_${element_file}_${q}_${kv}_${dim}.cu")
         configure_file("${templates}/kvcache_instantiation.cu.in" "${file}" @ONLY)
         list(APPEND sources "${file}")
         list(APPEND types "kvcache::configuration<kvcache::${layout}_layout, ${type}, ${heads}>")

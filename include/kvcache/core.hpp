@@ -10,6 +10,7 @@
 #include "kvcache/core/float8.hpp"
 #include "kvcache/core/half.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/memory.hpp"
 #include "kvcache/core/span.hpp"
 #include "kvcache/core/tensor_parallel.hpp"

@@ -177,7 +177,6 @@ public:
     template <class Layout, class Input>
     void append(const append_params<Layout, Input>& p) const {
         using heads = typename Layout::heads;
-        using element = typename Layout::element_type;
         constexpr int dim = heads::head_dim;
         detail::check_call_append(p, true);
         const Layout& view = p.view;
@@ -190,17 +189,11 @@ public:
                 if (!reference::is_present(view, b, position)) continue;
                 for (int kv = 0; kv < view.kv_heads(); ++kv) {
                     const std::size_t source = (static_cast<std::size_t>(first + t) * view.kv_heads() + kv) * dim;
-                    element* key = view.key(b, kv, position);
-                    element* value = view.value(b, kv, position);
-                    if constexpr (is_row_quantised_v<element>) {
-                        quantise_row([&](int d) { return to_float(p.keys[source + std::size_t(d)]); }, dim, key);
-                        quantise_row([&](int d) { return to_float(p.values[source + std::size_t(d)]); }, dim, value);
-                    } else {
-                        for (int d = 0; d < dim; ++d) {
-                            key[d] = from_float_scaled<element>(to_float(p.keys[source + d]), scales.key);
-                            value[d] = from_float_scaled<element>(to_float(p.values[source + d]), scales.value);
-                        }
-                    }
+                    const auto store = [&](const Input* in, auto* out, float layer_scale) {
+                        store_row([&](int d) { return to_float(in[source + std::size_t(d)]); }, dim, layer_scale, out);
+                    };
+                    store(p.keys.data(), view.key(b, kv, position), scales.key);
+                    store(p.values.data(), view.value(b, kv, position), scales.value);
                 }
             }
         }

@@ -13,6 +13,7 @@
 #include "kvcache/cache/sequence_id.hpp"
 #include "kvcache/cache/slot_store.hpp"
 #include "kvcache/core/element.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/heads.hpp"
 #include "kvcache/core/memory.hpp"
 #include "kvcache/layout/contiguous_view.hpp"
@@ -27,19 +28,22 @@ enum class contiguous_growth {
 
 /// A cache of L layers in contiguous slabs, one slot per sequence, each slot
 /// holding up to capacity() positions: [slot][kv_head][position][head_dim].
-/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16)
+/// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, fp8, qint8, qint4) or a
+///         kv_elements pair (keys and values of two of them)
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class contiguous_cache : public detail::owner_base<contiguous_cache<Element, Heads, Memory>, Element, Heads>,
                          public detail::compaction_calls<contiguous_cache<Element, Heads, Memory>> {
-    static_assert(is_stored_element_v<Element>, "kvcache::contiguous_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8 or kvcache::qint4");
+    static_assert(is_cache_element_v<Element>, "kvcache::contiguous_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8, kvcache::qint4 or a kvcache::kv_elements pair of them");
     using base = detail::owner_base<contiguous_cache, Element, Heads>;
     friend base;
     friend detail::compaction_calls<contiguous_cache>;
 
 public:
     using element_type = Element;
+    using key_type = key_element_t<Element>;      ///< what key rows are stored as
+    using value_type = value_element_t<Element>;  ///< what value rows are stored as
     using heads = Heads;
     using memory = Memory;
     using view_type = contiguous_view<Element, Heads>;
@@ -118,10 +122,10 @@ public:
     using base::write;  // also from rows of the other element type, converted
     /// Writes rows of positions [first, first + n) of one layer from host
     /// arrays [token][kv_head][head_dim]; the positions must be below length().
-    void write(sequence_id id, int layer, int first, span<const Element> key_rows, span<const Element> value_rows, int n) {
+    void write(sequence_id id, int layer, int first, span<const key_type> key_rows, span<const value_type> value_rows, int n) {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "write");
-        const Element* const keys = key_rows.data();
-        const Element* const values = value_rows.data();
+        const key_type* const keys = key_rows.data();
+        const value_type* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
@@ -132,10 +136,10 @@ public:
     using base::read;  // also into float or 16-bit rows, widened (int8, int4 and fp8 dequantised)
 
     /// Reads rows of positions [first, first + n) of one layer into host arrays.
-    void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
+    void read(sequence_id id, int layer, int first, int n, span<key_type> key_rows, span<value_type> value_rows) const {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");
-        Element* const keys = key_rows.data();
-        Element* const values = value_rows.data();
+        key_type* const keys = key_rows.data();
+        value_type* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
@@ -239,7 +243,7 @@ public:
         std::size_t rows = 0;  // of every layer
         for (const auto& entry : sequences_)
             for (int l = 0; l < layers(); ++l) rows += std::size_t(entry.second.length - entry.second.compaction.layer(l).dropped);
-        return rows * 2 * this->token_row() * sizeof(Element);
+        return rows * this->token_bytes();
     }
 
 private:
@@ -272,7 +276,7 @@ private:
     detail::file_header header() const {
         detail::file_header h;
         h.layout = kind;
-        h.element = element_traits<Element>::kind;
+        h.element = kinds_of<Element>();
         h.heads = shape_of(this->head_counts());
         h.layers = layers();
         return h;
@@ -307,7 +311,7 @@ private:
             // Every slot gets the longest record's rows: bound that by what the
             // file's bytes justify, or one file of many empty records and one
             // long one could make us reserve records x longest.
-            const std::size_t position_bytes = std::size_t(layers()) * 2 * this->token_row() * sizeof(Element);
+            const std::size_t position_bytes = std::size_t(layers()) * this->token_bytes();
             const long double wanted = static_cast<long double>(slots) * rows * position_bytes;
             const std::uint64_t reserved = bytes_reserved();
             const std::uint64_t allowance = std::max<std::uint64_t>(reserved, detail::load_growth_factor * records.file_bytes());
@@ -327,11 +331,12 @@ private:
             state& s = sequences_.at(id);
             s.length = r.length;  // positions the reader checked ascend inside [0, length)
             if (r.present() < r.length) s.compaction.assign_everywhere(layers(), r.length, r.positions);
-            const std::size_t row = this->token_row();
+            const std::size_t key_row = this->key_token_row(), value_row = this->value_token_row();
             detail::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers(); ++l)
-                    write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),
-                          span<const Element>(r.values(l) + i * row, (j - i) * row), static_cast<int>(j - i));
+                    write(id, l, r.positions[i], span<const key_type>(r.keys(l) + i * key_row, (j - i) * key_row),
+                          span<const value_type>(r.values(l) + i * value_row, (j - i) * value_row),
+                          static_cast<int>(j - i));
             });
         }
         return ids;

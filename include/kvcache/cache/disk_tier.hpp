@@ -33,12 +33,14 @@ struct disk_tier_counters {
 
 /// Up to `pages` page files in one directory, indexed by the page's chained
 /// hash, least recently used first out (its file deleted).
-/// @tparam Element stored element type
+/// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
 class disk_tier {
 public:
-    /// Rows of one page: per layer [page_size][kv_head][head_dim].
-    using page_rows = std::vector<std::vector<Element>>;
+    /// Key rows of one page: per layer [page_size][kv_head][row].
+    using key_rows = std::vector<std::vector<key_element_t<Element>>>;
+    /// Value rows of one page: per layer [page_size][kv_head][row].
+    using value_rows = std::vector<std::vector<value_element_t<Element>>>;
 
     disk_tier() = default;
 
@@ -90,7 +92,7 @@ public:
     /// Writes one page (evicting the least recently used file when full).
     /// A failed write keeps nothing: the page is lost, a later miss.
     void store(std::uint64_t hash, std::uint64_t parent, const std::vector<std::int32_t>& tokens,
-               const page_rows& keys, const page_rows& values) {
+               const key_rows& keys, const value_rows& values) {
         if (capacity_ == 0 || index_.count(hash)) return;
         if (count() == capacity_) forget(lru_.begin()->second);
         sequence_record<Element> record;
@@ -127,8 +129,8 @@ public:
     /// Reads a stored page back into keys and values; false, with the entry
     /// and its file forgotten, when the file is missing, fails its checks or
     /// holds other tokens.
-    bool load(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count, page_rows& keys,
-              page_rows& values) {
+    bool load(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count, key_rows& keys,
+              value_rows& values) {
         if (!contains(hash, parent, tokens, count)) return false;
         const std::string path = path_of(hash);
         try {
@@ -143,8 +145,8 @@ public:
             keys.assign(header_.layers, {});
             values.assign(header_.layers, {});
             for (int l = 0; l < header_.layers; ++l) {
-                keys[l].assign(r.keys(l), r.keys(l) + r.plane);
-                values[l].assign(r.values(l), r.values(l) + r.plane);
+                keys[l].assign(r.keys(l), r.keys(l) + r.key_plane);
+                values[l].assign(r.values(l), r.values(l) + r.value_plane);
             }
             counters_.bytes_read += records.file_bytes();
         } catch (const error&) {

@@ -12,6 +12,7 @@
 
 #include "kvcache/cache/page_pool.hpp"
 #include "kvcache/core/error.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/memory.hpp"
 
 namespace kvcache {
@@ -22,23 +23,27 @@ namespace detail {
 /// A link says both pages hold the same rows; the owner breaks it when the
 /// primary page is written or handed out again, and the tier breaks it when
 /// the host page is freed.
-/// @tparam Element stored element type
+/// @tparam Element stored element type, or a kv_elements pair
 /// @tparam Memory the primary pool's memory policy (its host_tier_buffer)
 template <class Element, class Memory>
 class host_tier {
-    using buffer = typename Memory::template host_tier_buffer<Element>;
-
 public:
+    using key_type = key_element_t<Element>;      ///< what key planes hold
+    using value_type = value_element_t<Element>;  ///< what value planes hold
+
     host_tier() = default;
 
-    /// pages host pages of page_elements elements per plane in each of layers
-    /// layers, linkable to primary pages 0..primary_pages-1.
-    host_tier(int layers, int pages, std::int64_t page_elements, int primary_pages)
-        : page_elements_(page_elements), pool_(pages), host_of_primary_(primary_pages, -1), primary_of_host_(pages, -1) {
-        const std::size_t elements = checked_bytes(std::size_t(pages), std::size_t(page_elements));
+    /// pages host pages of key_page_elements key and value_page_elements
+    /// value elements in each of layers layers, linkable to primary pages
+    /// 0..primary_pages-1.
+    host_tier(int layers, int pages, std::int64_t key_page_elements, std::int64_t value_page_elements, int primary_pages)
+        : key_page_elements_(key_page_elements), value_page_elements_(value_page_elements), pool_(pages),
+          host_of_primary_(primary_pages, -1), primary_of_host_(pages, -1) {
+        const std::size_t key_elements = checked_bytes(std::size_t(pages), std::size_t(key_page_elements));
+        const std::size_t value_elements = checked_bytes(std::size_t(pages), std::size_t(value_page_elements));
         for (int l = 0; l < layers; ++l) {
-            keys_.emplace_back(elements);
-            values_.emplace_back(elements);
+            keys_.emplace_back(key_elements);
+            values_.emplace_back(value_elements);
         }
     }
 
@@ -106,11 +111,11 @@ public:
     }
 
     /// Key plane of a host page in one layer.
-    Element* keys(int layer, int page) { return keys_[layer].data() + page * page_elements_; }
-    const Element* keys(int layer, int page) const { return keys_[layer].data() + page * page_elements_; }
+    key_type* keys(int layer, int page) { return keys_[layer].data() + page * key_page_elements_; }
+    const key_type* keys(int layer, int page) const { return keys_[layer].data() + page * key_page_elements_; }
     /// Value plane of a host page in one layer.
-    Element* values(int layer, int page) { return values_[layer].data() + page * page_elements_; }
-    const Element* values(int layer, int page) const { return values_[layer].data() + page * page_elements_; }
+    value_type* values(int layer, int page) { return values_[layer].data() + page * value_page_elements_; }
+    const value_type* values(int layer, int page) const { return values_[layer].data() + page * value_page_elements_; }
 
 private:
     void unlink_host(int host) {
@@ -119,9 +124,10 @@ private:
         primary_of_host_[host] = -1;
     }
 
-    std::int64_t page_elements_ = 0;
+    std::int64_t key_page_elements_ = 0, value_page_elements_ = 0;
     page_pool pool_;  // reference counts, the free list, and the index of spilled prefix pages
-    std::vector<buffer> keys_, values_;
+    std::vector<typename Memory::template host_tier_buffer<key_type>> keys_;
+    std::vector<typename Memory::template host_tier_buffer<value_type>> values_;
     std::vector<int> host_of_primary_, primary_of_host_;
 };
 

@@ -37,11 +37,21 @@ void for_each_position_run(const Positions& positions, F&& f) {
 /// sequence_registry sequences_ whose states have a length (and, for the
 /// slot-based owners, a slot); it makes this base a friend.
 /// @tparam Derived the owner
-/// @tparam Element stored element type
+/// @tparam Element stored element type, or a kv_elements pair
 /// @tparam Heads a head_config
 template <class Derived, class Element, class Heads>
 class owner_base {
 public:
+    using key_type = key_element_t<Element>;      ///< what key rows are stored as
+    using value_type = value_element_t<Element>;  ///< what value rows are stored as
+
+    /// True when rows of these buffers' element types are what the cache
+    /// stores, so append and write take them as they are.
+    template <class Keys, class Values>
+    static constexpr bool stores_as_is = std::is_same_v<detail::range_element_t<Keys>, key_type> &&
+                                         std::is_same_v<detail::range_element_t<Values>, value_type>;
+
+
     /// The step plan type of this owner (what plan() returns).
     using plan_type = step_plan<Derived>;
 
@@ -67,18 +77,25 @@ public:
     /// fp8 checkpoints ship k_scale and v_scale. Set them before the first
     /// sequence: rows already stored were narrowed with the old ones. Throws
     /// invalid_argument for a cache whose element type has no scale, a scale
-    /// that is not finite and positive, or a cache that holds sequences, and
-    /// out_of_range for a bad layer; nothing changes then.
+    /// that is not finite and positive, a scale other than 1 for a side a
+    /// kv_elements pair stores without one (its other side fp8), or a cache
+    /// that holds sequences, and out_of_range for a bad layer; nothing changes then.
     void set_scales(int layer, kv_scales scales) {
         const Derived& self = derived();
         check_layer(layer);
-        require(is_scaled_element_v<Element>, error_code::invalid_argument, "set_scales on layer ", layer, ": a ",
-                element_traits<Element>::name, " cache stores values as they are (only fp8 caches take scales)");
+        require(has_scaled_side_v<Element>, error_code::invalid_argument, "set_scales on layer ", layer, ": a ",
+                kvcache::element_name<Element>(), " cache stores values as they are (only fp8 caches take scales)");
         const auto usable = [](float x) { return x > 0.0f && x <= std::numeric_limits<float>::max(); };
         require(usable(scales.key), error_code::invalid_argument, "set_scales on layer ", layer, ": key scale ",
                 scales.key, " is not a finite positive number");
         require(usable(scales.value), error_code::invalid_argument, "set_scales on layer ", layer, ": value scale ",
                 scales.value, " is not a finite positive number");
+        require(is_scaled_element_v<key_type> || scales.key == 1.0f, error_code::invalid_argument, "set_scales on layer ",
+                layer, ": key scale ", scales.key, " for keys stored as ", element_traits<key_type>::name,
+                ", which take no scale (1 only)");
+        require(is_scaled_element_v<value_type> || scales.value == 1.0f, error_code::invalid_argument,
+                "set_scales on layer ", layer, ": value scale ", scales.value, " for values stored as ",
+                element_traits<value_type>::name, ", which take no scale (1 only)");
         require(self.sequences_.size() == 0, error_code::invalid_argument, "set_scales on layer ", layer,
                 ": the cache holds ", self.sequences_.size(),
                 " sequences whose rows were stored with the old scales (set scales before the first sequence)");
@@ -98,7 +115,7 @@ public:
     /// positions for every layer (begin_append) and writes its rows; layers
     /// 1..L-1 then fill those same last n positions. Throws on a bad layer,
     /// n, or (layer > 0) n larger than the sequence; nothing changes then.
-    void append(sequence_id id, int layer, span<const Element> keys, span<const Element> values, int n) {
+    void append(sequence_id id, int layer, span<const key_type> keys, span<const value_type> values, int n) {
         Derived& self = derived();
         check_layer(layer);
         check_rows(keys.size(), values.size(), n, id, layer, "append");
@@ -146,27 +163,31 @@ public:
     }
 
     /// append() from rows of another element type (float rows into a half or
-    /// bfloat16 cache, or 16-bit rows into float), converted on the way in.
+    /// bfloat16 cache, or 16-bit rows into float; into a kv_elements pair
+    /// each side converted to its own type), converted on the way in.
     /// @tparam Keys a sized buffer of float, kvcache::half or kvcache::bfloat16
     /// @tparam Values a sized buffer of the same element type
-    template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
+    template <class Keys, class Values, class = std::enable_if_t<!stores_as_is<Keys, Values>>>
     void append(sequence_id id, int layer, const Keys& keys, const Values& values, int n) {
         const kv_scales s = scales(layer);  // checks the layer
         check_input_rows(make_span(keys).size(), make_span(values).size(), n, id, layer, "append");
-        const std::vector<Element> key_rows = converted_rows(keys, s.key), value_rows = converted_rows(values, s.value);
-        append(id, layer, span<const Element>(key_rows), span<const Element>(value_rows), n);
+        const std::vector<key_type> key_rows = converted_rows<key_type>(keys, s.key);
+        const std::vector<value_type> value_rows = converted_rows<value_type>(values, s.value);
+        append(id, layer, span<const key_type>(key_rows), span<const value_type>(value_rows), n);
     }
 
     /// Derived's write() from rows of another element type (float rows into a
-    /// half or bfloat16 cache, or 16-bit rows into float), converted on the way in.
+    /// half or bfloat16 cache, or 16-bit rows into float; into a kv_elements
+    /// pair each side converted to its own type), converted on the way in.
     /// @tparam Keys a sized buffer of float, kvcache::half or kvcache::bfloat16
     /// @tparam Values a sized buffer of the same element type
-    template <class Keys, class Values, class = std::enable_if_t<!std::is_same_v<detail::range_element_t<Keys>, Element>>>
+    template <class Keys, class Values, class = std::enable_if_t<!stores_as_is<Keys, Values>>>
     void write(sequence_id id, int layer, int first, const Keys& key_rows, const Values& value_rows, int n) {
         const kv_scales s = scales(layer);  // checks the layer
         check_input_rows(make_span(key_rows).size(), make_span(value_rows).size(), n, id, layer, "write");
-        const std::vector<Element> keys = converted_rows(key_rows, s.key), values = converted_rows(value_rows, s.value);
-        derived().write(id, layer, first, span<const Element>(keys), span<const Element>(values), n);
+        const std::vector<key_type> keys = converted_rows<key_type>(key_rows, s.key);
+        const std::vector<value_type> values = converted_rows<value_type>(value_rows, s.value);
+        derived().write(id, layer, first, span<const key_type>(keys), span<const value_type>(values), n);
     }
 
     /// Derived's read() into float, half or bfloat16 rows [token][kv_head][head_dim]:
@@ -175,7 +196,8 @@ public:
     /// is 16-bit. The same checks and errors as read() of stored rows, counted in
     /// head_dim values a row.
     /// @tparam Out float, kvcache::half or kvcache::bfloat16 (not Element itself)
-    template <class Out, class = std::enable_if_t<is_activation_element_v<Out> && !std::is_same_v<Out, Element>>>
+    template <class Out, class = std::enable_if_t<is_activation_element_v<Out> &&
+                                                  !(std::is_same_v<Out, key_type> && std::is_same_v<Out, value_type>)>>
     void read(sequence_id id, int layer, int first, int n, span<Out> key_rows, span<Out> value_rows) const {
         const kv_scales s = scales(layer);  // checks the layer
         require_count(n, "n_tokens");
@@ -184,12 +206,14 @@ public:
                          ", layer ", layer, ")");
         require_elements(value_rows.size(), n, row, "values", "tokens x (kv_heads x head_dim)", " (read of sequence ",
                          id, ", layer ", layer, ")");
-        std::vector<Element> keys(std::size_t(n) * token_row()), values(keys.size());
-        derived().read(id, layer, first, n, span<Element>(keys), span<Element>(values));
+        std::vector<key_type> keys(std::size_t(n) * key_token_row());
+        std::vector<value_type> values(std::size_t(n) * value_token_row());
+        derived().read(id, layer, first, n, span<key_type>(keys), span<value_type>(values));
         constexpr int dim = Heads::head_dim;
-        constexpr std::size_t stored = std::size_t(row_elements<Element>(dim));
         std::vector<float> widened(dim);
-        const auto widen_into = [&](const std::vector<Element>& from, float scale, Out* to) {
+        const auto widen_into = [&](const auto& from, float scale, Out* to) {
+            using side = typename std::decay_t<decltype(from)>::value_type;
+            constexpr std::size_t stored = std::size_t(row_elements<side>(dim));
             for (std::size_t r = 0; r < std::size_t(n) * std::size_t(kv_heads()); ++r) {
                 widen_row(from.data() + r * stored, dim, scale, widened.data());
                 for (int d = 0; d < dim; ++d) to[r * dim + std::size_t(d)] = from_float<Out>(widened[std::size_t(d)]);
@@ -217,20 +241,20 @@ public:
         const Derived& self = derived();
         for (sequence_id id : ids) (void)self.length(id);
         std::vector<sequence_record<Element>> records;
-        const std::size_t row = token_row();
+        const std::size_t key_row = key_token_row(), value_row = value_token_row();
         for (sequence_id id : ids) {
             sequence_record<Element> rec;
             rec.length = self.length(id);
             rec.positions = self.present_positions(id);
             rec.tokens = self.tokens_of(id);
             const std::size_t present = rec.positions.size();
-            rec.keys.assign(self.layers(), std::vector<Element>(present * row));
-            rec.values.assign(self.layers(), std::vector<Element>(present * row));
+            rec.keys.assign(self.layers(), std::vector<key_type>(present * key_row));
+            rec.values.assign(self.layers(), std::vector<value_type>(present * value_row));
             for (int l = 0; l < self.layers(); ++l) {
                 for_each_position_run(rec.positions, [&](std::size_t i, std::size_t j) {  // one read per run
-                    const std::size_t count = (j - i) * row;
-                    self.read(id, l, rec.positions[i], static_cast<int>(j - i), span<Element>(rec.keys[l].data() + i * row, count),
-                              span<Element>(rec.values[l].data() + i * row, count));
+                    self.read(id, l, rec.positions[i], static_cast<int>(j - i),
+                              span<key_type>(rec.keys[l].data() + i * key_row, (j - i) * key_row),
+                              span<value_type>(rec.values[l].data() + i * value_row, (j - i) * value_row));
                 });
             }
             records.push_back(std::move(rec));
@@ -276,32 +300,41 @@ protected:
                 "the head counts are not set: a cache over a dynamic head_config takes them as its first argument, "
                 "e.g. head_config<dynamic, dynamic, ", Heads::head_dim, ">{32, 8}");
     }
-    /// Rows of one token in one layer as stored: kv_heads x row_elements
+    /// Key elements of one token in one layer as stored: kv_heads x row_elements
     /// (row_elements: head_dim, more for qint8 and qint4, whose rows carry their scales).
-    std::size_t token_row() const noexcept { return std::size_t(kv_heads()) * row_elements<Element>(Heads::head_dim); }
+    std::size_t key_token_row() const noexcept { return std::size_t(kv_heads()) * row_elements<key_type>(Heads::head_dim); }
+    /// Value elements of one token in one layer as stored (key_token_row for the values' type).
+    std::size_t value_token_row() const noexcept {
+        return std::size_t(kv_heads()) * row_elements<value_type>(Heads::head_dim);
+    }
+    /// Bytes of one token's keys and values in one layer as stored.
+    std::size_t token_bytes() const noexcept {
+        return key_token_row() * sizeof(key_type) + value_token_row() * sizeof(value_type);
+    }
 
-    /// Rows of another element type converted to Element (write/append of
-    /// float rows), divided by scale first for an fp8 cache.
+    /// Rows of an activation type converted to the stored Side (write/append
+    /// of float rows), divided by scale first for fp8.
+    /// @tparam Side the stored type of the side (key_type or value_type)
     /// @tparam Rows a sized buffer of float, kvcache::half or kvcache::bfloat16
-    template <class Rows>
-    static std::vector<Element> converted_rows(const Rows& rows, float scale) {
+    template <class Side, class Rows>
+    static std::vector<Side> converted_rows(const Rows& rows, float scale) {
         using Input = detail::range_element_t<Rows>;
         static_assert(is_activation_element_v<Input>, "kvcache: K/V rows are float, kvcache::half or kvcache::bfloat16");
         const auto in = make_span(rows);
-        if constexpr (is_row_quantised_v<Element>) {
+        if constexpr (is_row_quantised_v<Side>) {
             // Each head_dim values become one quantised row with its own scales
             // (the layer scale does not apply). A size that is not whole rows
             // keeps its remainder, so check_rows still refuses it.
-            constexpr std::size_t dim = Heads::head_dim, stored = row_elements<Element>(Heads::head_dim);
+            constexpr std::size_t dim = Heads::head_dim, stored = row_elements<Side>(Heads::head_dim);
             const std::size_t whole = in.size() / dim;
-            std::vector<Element> out(whole * stored + in.size() % dim);
+            std::vector<Side> out(whole * stored + in.size() % dim);
             for (std::size_t r = 0; r < whole; ++r)
                 quantise_row([&](int d) { return to_float(in[r * dim + std::size_t(d)]); }, int(dim), out.data() + r * stored);
             (void)scale;
             return out;
         } else {
-            std::vector<Element> out(in.size());
-            for (std::size_t i = 0; i < in.size(); ++i) out[i] = from_float_scaled<Element>(to_float(in[i]), scale);
+            std::vector<Side> out(in.size());
+            for (std::size_t i = 0; i < in.size(); ++i) out[i] = from_float_scaled<Side>(to_float(in[i]), scale);
             return out;
         }
     }
@@ -368,11 +401,10 @@ protected:
     /// rows of one layer ([token][kv_head][head_dim]) for an operation on id.
     void check_rows(std::size_t keys, std::size_t values, int n, sequence_id id, int layer, const char* op) const {
         require_count(n, "n_tokens");
-        const std::int64_t row = std::int64_t(token_row());
-        require_elements(keys, n, row, "keys", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
-                         ", layer ", layer, ")");
-        require_elements(values, n, row, "values", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
-                         ", layer ", layer, ")");
+        require_elements(keys, n, std::int64_t(key_token_row()), "keys", "tokens x (kv_heads x head_dim)", " (", op,
+                         " of sequence ", id, ", layer ", layer, ")");
+        require_elements(values, n, std::int64_t(value_token_row()), "values", "tokens x (kv_heads x head_dim)", " (",
+                         op, " of sequence ", id, ", layer ", layer, ")");
     }
 
     /// check_rows on rows not yet quantised (float or 16-bit input to a qint8 or
@@ -380,7 +412,7 @@ protected:
     /// stored rows, so a buffer with a part row is refused naming its own size.
     /// Nothing to check here for the other types (check_rows counts the same).
     void check_input_rows(std::size_t keys, std::size_t values, int n, sequence_id id, int layer, const char* op) const {
-        if constexpr (is_row_quantised_v<Element>) {
+        if constexpr (has_row_quantised_side_v<Element>) {
             require_count(n, "n_tokens");
             const std::int64_t row = std::int64_t(kv_heads()) * Heads::head_dim;
             require_elements(keys, n, row, "keys", "tokens x (kv_heads x head_dim)", " (", op, " of sequence ", id,
@@ -420,7 +452,7 @@ private:
     /// Derived's header with the per-layer scales a file of an fp8 cache records.
     detail::file_header header_with_scales() const {
         detail::file_header h = derived().header();
-        if (is_scaled_element_v<Element>)
+        if (has_scaled_side_v<Element>)
             for (int l = 0; l < derived().layers(); ++l) h.scales.push_back(scales(l));
         return h;
     }

@@ -22,6 +22,7 @@
 #include "kvcache/cache/serialization.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
 #include "kvcache/core/element.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/heads.hpp"
 #include "kvcache/core/span.hpp"
@@ -32,10 +33,14 @@ namespace kvcache {
 /// (export_pages) and into another of the same layout and configuration
 /// (import_pages). A sliding-window export is one block of every position
 /// the window holds (page_size = length).
-/// @tparam Element the caches' stored element type
+/// @tparam Element the caches' stored element type, or a kv_elements pair
 template <class Element>
 struct page_export {
-    element_kind element = element_traits<Element>::kind;  ///< stored element type
+    /// What the payload is a vector of: Element itself, or bytes for a
+    /// kv_elements pair (its keys and values are rows of two types).
+    using payload_element = std::conditional_t<is_kv_pair_v<Element>, unsigned char, Element>;
+
+    kv_kinds element = kinds_of<Element>();  ///< what keys and values are stored as
     layout_kind layout = layout_kind::paged;               ///< the layout it came from and goes to
     head_shape heads{};         ///< the cache's heads (a tensor-parallel shard's, for a shard)
     int shard_rank = 0;         ///< which shard of shard_ranks the rows are (0 of 1: unsharded)
@@ -52,8 +57,8 @@ struct page_export {
     /// positions each layer holds, ascending (a compacted or windowed sequence).
     std::vector<std::vector<std::int32_t>> kept;
     /// Carried page p (first_page + p), layer l: keys then values, each
-    /// [rows of the page the layer holds][kv_heads][head_dim]; the last page may be partial.
-    std::vector<Element> payload;
+    /// [rows of the page the layer holds][kv_heads][stored row]; the last page may be partial.
+    std::vector<payload_element> payload;
 
     /// Pages the sequence spans.
     int page_count() const noexcept { return page_size > 0 ? (length + page_size - 1) / page_size : 0; }
@@ -66,14 +71,25 @@ struct page_export {
         const auto first = std::lower_bound(k.begin(), k.end(), p * page_size);
         return int(std::lower_bound(first, k.end(), p * page_size + rows_in_page(p)) - first);
     }
-    /// Elements of page p's payload (every layer, keys and values).
+    /// Payload elements of one carried position's keys in one layer (kv_heads stored rows).
+    std::size_t key_units() const noexcept { return side_units<key_element_t<Element>>(); }
+    /// Payload elements of one carried position's values in one layer.
+    std::size_t value_units() const noexcept { return side_units<value_element_t<Element>>(); }
+    /// Payload elements of page p (every layer, keys and values).
     std::size_t page_elements(int p) const noexcept {
         std::size_t rows = 0;
         for (int l = 0; l < layers; ++l) rows += std::size_t(rows_carried(p, l));
-        return rows * heads.kv_heads * std::size_t(row_elements<Element>(heads.head_dim)) * 2;
+        return rows * (key_units() + value_units());
     }
     /// Bytes of the carried rows.
-    std::size_t payload_bytes() const noexcept { return payload.size() * sizeof(Element); }
+    std::size_t payload_bytes() const noexcept { return payload.size() * sizeof(payload_element); }
+
+private:
+    template <class Side>
+    std::size_t side_units() const noexcept {
+        return std::size_t(heads.kv_heads) * std::size_t(row_elements<Side>(heads.head_dim)) * sizeof(Side) /
+               sizeof(payload_element);
+    }
 };
 
 namespace detail {
@@ -113,22 +129,61 @@ void for_each_carried_run(const page_export<Element>& e, int p, int l, F&& f) {
     for_each_position_run(in_page, [&](std::size_t i, std::size_t j) { f(int(in_page[i]), int(i), int(j - i)); });
 }
 
+/// Reads count positions' rows of layer l from `position` into the payload at
+/// keys and values (a pair's rows go through staging arrays of their own
+/// types, then their bytes into the payload).
+template <class Element, class Cache>
+void read_into_payload(const Cache& cache, sequence_id id, int l, int position, int count,
+                       typename page_export<Element>::payload_element* keys,
+                       typename page_export<Element>::payload_element* values, std::size_t key_units,
+                       std::size_t value_units) {
+    if constexpr (!is_kv_pair_v<Element>) {
+        cache.read(id, l, position, count, span<Element>(keys, count * key_units), span<Element>(values, count * value_units));
+    } else {
+        std::vector<key_element_t<Element>> key_rows(count * key_units / sizeof(key_element_t<Element>));
+        std::vector<value_element_t<Element>> value_rows(count * value_units / sizeof(value_element_t<Element>));
+        cache.read(id, l, position, count, span<key_element_t<Element>>(key_rows),
+                   span<value_element_t<Element>>(value_rows));
+        std::memcpy(keys, key_rows.data(), count * key_units);
+        std::memcpy(values, value_rows.data(), count * value_units);
+    }
+}
+
+/// The reverse of read_into_payload: count positions' rows from the payload into layer l.
+template <class Element, class Cache>
+void write_from_payload(Cache& cache, sequence_id id, int l, int position, int count,
+                        const typename page_export<Element>::payload_element* keys,
+                        const typename page_export<Element>::payload_element* values, std::size_t key_units,
+                        std::size_t value_units) {
+    if constexpr (!is_kv_pair_v<Element>) {
+        cache.write(id, l, position, span<const Element>(keys, count * key_units),
+                    span<const Element>(values, count * value_units), count);
+    } else {
+        std::vector<key_element_t<Element>> key_rows(count * key_units / sizeof(key_element_t<Element>));
+        std::vector<value_element_t<Element>> value_rows(count * value_units / sizeof(value_element_t<Element>));
+        std::memcpy(key_rows.data(), keys, count * key_units);
+        std::memcpy(value_rows.data(), values, count * value_units);
+        cache.write(id, l, position, span<const key_element_t<Element>>(key_rows),
+                    span<const value_element_t<Element>>(value_rows), count);
+    }
+}
+
 /// Reads the carried rows of every page from first_page on out of cache
 /// into the payload, with each page's checksum.
 template <class Element, class Cache>
 void carry_pages(const Cache& cache, sequence_id id, page_export<Element>& e) {
-    const std::size_t row = std::size_t(e.heads.kv_heads) * row_elements<Element>(e.heads.head_dim);
+    const std::size_t key_units = e.key_units(), value_units = e.value_units();
     for (int p = e.first_page; p < e.page_count(); ++p) {
         const std::size_t begin = e.payload.size();
         e.payload.resize(begin + e.page_elements(p));
-        Element* out = e.payload.data() + begin;
+        auto* out = e.payload.data() + begin;
         for (int l = 0; l < e.layers; ++l) {
             const std::size_t rows = std::size_t(e.rows_carried(p, l));
             for_each_carried_run(e, p, l, [&](int position, int done, int count) {
-                const std::size_t at = std::size_t(done) * row, n = std::size_t(count) * row;
-                cache.read(id, l, position, count, span<Element>(out + at, n), span<Element>(out + rows * row + at, n));
+                read_into_payload<Element>(cache, id, l, position, count, out + done * key_units,
+                                           out + rows * key_units + done * value_units, key_units, value_units);
             });
-            out += 2 * rows * row;
+            out += rows * (key_units + value_units);
         }
         e.page_checksums.push_back(page_checksum(e.payload.data() + begin, e.page_elements(p)));
     }
@@ -138,19 +193,18 @@ void carry_pages(const Cache& cache, sequence_id id, page_export<Element>& e) {
 /// skipping the full pages below `shared_rows` (taken from the prefix cache).
 template <class Element, class Cache>
 void place_pages(Cache& cache, sequence_id id, const page_export<Element>& e, int shared_rows) {
-    const std::size_t row = std::size_t(e.heads.kv_heads) * row_elements<Element>(e.heads.head_dim);
-    const Element* in = e.payload.data();
+    const std::size_t key_units = e.key_units(), value_units = e.value_units();
+    const auto* in = e.payload.data();
     for (int p = e.first_page; p < e.page_count(); ++p) {
         const bool held = (p + 1) * e.page_size <= shared_rows;
         for (int l = 0; l < e.layers; ++l) {
             const std::size_t rows = std::size_t(e.rows_carried(p, l));
             if (!held)
                 for_each_carried_run(e, p, l, [&](int position, int done, int count) {
-                    const std::size_t at = std::size_t(done) * row, n = std::size_t(count) * row;
-                    cache.write(id, l, position, span<const Element>(in + at, n),
-                                span<const Element>(in + rows * row + at, n), count);
+                    write_from_payload<Element>(cache, id, l, position, count, in + done * key_units,
+                                                in + rows * key_units + done * value_units, key_units, value_units);
                 });
-            in += 2 * rows * row;
+            in += rows * (key_units + value_units);
         }
     }
 }
@@ -224,8 +278,8 @@ void check_import(const Cache& cache, const page_export<Element>& e, int shard_r
     const head_shape heads = shape_of(cache.head_counts());
     require(e.layout == Cache::kind, error_code::invalid_argument, "the export holds a ", to_string(e.layout),
             " sequence but the cache is ", to_string(Cache::kind));
-    require(e.element == element_traits<Element>::kind, error_code::invalid_argument, "the export holds ",
-            to_string(e.element), " rows but the cache stores ", element_traits<Element>::name);
+    require(e.element == kinds_of<Element>(), error_code::invalid_argument, "the export holds ",
+            e.element.to_string(), " rows but the cache stores ", kvcache::element_name<Element>());
     require(e.heads == heads, error_code::invalid_argument, "the export's heads ", e.heads.to_string(),
             " differ from the cache's ", heads.to_string());
     require(e.shard_rank == shard_rank && e.shard_ranks == shard_ranks, error_code::invalid_argument,
@@ -448,7 +502,7 @@ std::vector<unsigned char> to_bytes(const page_export<Element>& e) {
     const auto put_value = [&](auto v) { put(&v, sizeof v); };
     put(detail::page_export_magic, sizeof detail::page_export_magic);
     put_value(detail::page_export_version);
-    put_value(std::uint32_t(e.element));
+    put_value(std::uint32_t(encode_kv_kinds(e.element)));
     put_value(std::uint32_t(e.layout));
     // Named arrays rather than braced lists in the loops: nvcc's host-code rewrite breaks those.
     const std::int32_t fields[] = {e.heads.query_heads, e.heads.kv_heads, e.heads.head_dim, e.shard_rank,
@@ -502,8 +556,8 @@ page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
             " is not the version ", detail::page_export_version, " this build reads");
     take(&element, 4);
     page_export<Element> e;
-    require(element == std::uint32_t(e.element), error_code::format_error, "the page export holds ",
-            detail::element_name(element), " rows, not ", element_traits<Element>::name);
+    require(element == std::uint32_t(encode_kv_kinds(e.element)), error_code::format_error, "the page export holds ",
+            detail::element_name(element), " rows, not ", kvcache::element_name<Element>());
     std::uint32_t layout = 0;
     take(&layout, 4);
     require(layout <= std::uint32_t(layout_kind::sliding_window), error_code::format_error, "the page export's layout ",
@@ -518,7 +572,8 @@ page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
     const std::uint64_t left = bytes.size() - 8 - at;
     // A kept list takes at least its count's 8 bytes.
     const std::uint64_t sizes[6] = {2 * sizeof(float), sizeof(std::int32_t), sizeof(std::uint64_t),
-                                    sizeof(std::uint64_t), sizeof(Element), sizeof(std::uint64_t)};
+                                    sizeof(std::uint64_t), sizeof(typename page_export<Element>::payload_element),
+                                    sizeof(std::uint64_t)};
     std::uint64_t needed = 0;
     for (int i = 0; i < 6; ++i) {
         require(counts[i] <= left / sizes[i] && needed + counts[i] * sizes[i] <= left, error_code::format_error,
@@ -543,7 +598,7 @@ page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
         take(k.data(), n * sizeof(std::int32_t));
     }
     e.payload.resize(counts[4]);
-    take(e.payload.data(), counts[4] * sizeof(Element));
+    take(e.payload.data(), counts[4] * sizeof(typename page_export<Element>::payload_element));
     require(at == bytes.size() - 8, error_code::format_error, "the page export has ", bytes.size() - 8 - at,
             " bytes past its payload");
     return e;

@@ -38,19 +38,21 @@ namespace kvcache {
 /// match_prefix() on a new sequence shares the longest run of indexed pages.
 /// Unreferenced indexed pages stay until the pool runs short (LRU eviction,
 /// the ends of chains first).
-/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16)
+/// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, fp8, qint8, qint4) or a
+///         kv_elements pair (keys and values of two of them, each plane in rows of its own type)
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class paged_cache : public detail::owner_base<paged_cache<Element, Heads, Memory>, Element, Heads> {
-    static_assert(is_stored_element_v<Element>, "kvcache::paged_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8 or kvcache::qint4");
+    static_assert(is_cache_element_v<Element>, "kvcache::paged_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8, kvcache::qint4 or a kvcache::kv_elements pair of them");
     using base = detail::owner_base<paged_cache, Element, Heads>;
-    using buffer = typename Memory::template buffer<Element>;
     friend base;
 
 public:
     using typename base::plan_type;
     using element_type = Element;
+    using key_type = key_element_t<Element>;      ///< what key planes hold
+    using value_type = value_element_t<Element>;  ///< what value planes hold
     using heads = Heads;
     using memory = Memory;
     using view_type = paged_view<Element, Heads>;
@@ -69,10 +71,11 @@ public:
         detail::require_positive(layers, "layers");
         detail::require_positive(pages, "pages");
         detail::require_positive(page_size, "page_size");
-        const std::size_t elements = detail::checked_bytes(std::size_t(pages), std::size_t(page_elements()));
+        const std::size_t key_elements = detail::checked_bytes(std::size_t(pages), std::size_t(page_elements()));
+        const std::size_t value_elements = detail::checked_bytes(std::size_t(pages), std::size_t(value_page_elements()));
         for (int l = 0; l < layers; ++l) {
-            keys_.emplace_back(elements);
-            values_.emplace_back(elements);
+            keys_.emplace_back(key_elements);
+            values_.emplace_back(value_elements);
         }
         pool_ = detail::page_pool(pages);
     }
@@ -81,8 +84,16 @@ public:
     int page_size() const noexcept { return page_size_; }
     int page_count() const noexcept { return pool_.size(); }
     bool prefix_caching() const noexcept { return prefix_caching_; }
-    /// Elements of one page's key (or value) plane: kv_heads * page_size * head_dim.
-    std::int64_t page_elements() const noexcept { return std::int64_t(this->kv_heads()) * page_size_ * row_elements<Element>(Heads::head_dim); }
+    /// Elements of one page's key plane (and value plane, unless a kv_elements
+    /// pair): kv_heads * page_size * the stored row (head_dim for the float types).
+    std::int64_t page_elements() const noexcept { return plane_elements<key_type>(); }
+    /// Elements of one page's value plane (page_elements() but for a kv_elements pair).
+    std::int64_t value_page_elements() const noexcept { return plane_elements<value_type>(); }
+    /// Bytes one page holds in every layer, keys and values.
+    std::size_t page_bytes() const noexcept {
+        return std::size_t(layers_) * (std::size_t(page_elements()) * sizeof(key_type) +
+                                       std::size_t(value_page_elements()) * sizeof(value_type));
+    }
 
     /// Adds an empty sequence (no page yet).
     sequence_id add_sequence() { return sequences_.insert(state{}); }
@@ -144,7 +155,7 @@ public:
 
     using base::append;
     /// append() for layer 0 that also records the token ids (see begin_append).
-    void append(sequence_id id, span<const Element> keys, span<const Element> values,
+    void append(sequence_id id, span<const key_type> keys, span<const value_type> values,
                 const std::vector<std::int32_t>& token_ids) {
         const int n = static_cast<int>(token_ids.size());
         base::check_rows(keys.size(), values.size(), n, id, 0, "append");
@@ -174,7 +185,8 @@ public:
         struct hit {
             int page, host;
             std::uint64_t hash, parent;
-            typename detail::disk_tier<Element>::page_rows keys, values;  // read from the disk tier
+            typename detail::disk_tier<Element>::key_rows keys;      // read from the disk tier
+            typename detail::disk_tier<Element>::value_rows values;
         };
         std::vector<hit> chain;
         std::uint64_t parent = detail::root_hash;
@@ -271,10 +283,10 @@ public:
     /// Writes rows of positions [first, first + n) of one layer from host
     /// arrays [token][kv_head][head_dim]; shared pages touched are copied
     /// first (capacity_exceeded, with nothing changed, if no page is left).
-    void write(sequence_id id, int layer, int first, span<const Element> key_rows, span<const Element> value_rows, int n) {
+    void write(sequence_id id, int layer, int first, span<const key_type> key_rows, span<const value_type> value_rows, int n) {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "write");
-        const Element* const keys = key_rows.data();
-        const Element* const values = value_rows.data();
+        const key_type* const keys = key_rows.data();
+        const value_type* const values = value_rows.data();
         this->check_layer(layer);
         state& s = resident(id, "write");
         base::check_range(id, first, n, s.length);
@@ -288,10 +300,9 @@ public:
             if (pool_.shared(s.pages[i])) make_private(s, i);
             tier_.unlink_primary(s.pages[i]);  // its rows change: a host copy no longer matches
         }
-        for_each_page_segment(s, row, n, [&](std::int64_t at, std::size_t src, std::int64_t head_stride, int count) {
-            detail::scatter_rows<Element, Heads, Memory>(keys_[layer].data() + at, head_stride, keys + src, count, this->kv_heads());
-            detail::scatter_rows<Element, Heads, Memory>(values_[layer].data() + at, head_stride, values + src, count,
-                                                         this->kv_heads());
+        for_each_page_segment(s, row, n, [&](int page, int in_page, int done, int count) {
+            scatter_side(keys_[layer].data(), page, in_page, keys + std::size_t(done) * this->key_token_row(), count);
+            scatter_side(values_[layer].data(), page, in_page, values + std::size_t(done) * this->value_token_row(), count);
         });
     }
 
@@ -299,10 +310,10 @@ public:
 
     /// Reads rows of positions [first, first + n) of one layer into host
     /// arrays (from the host tier while the sequence is swapped out).
-    void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
+    void read(sequence_id id, int layer, int first, int n, span<key_type> key_rows, span<value_type> value_rows) const {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");
-        Element* const keys = key_rows.data();
-        Element* const values = value_rows.data();
+        key_type* const keys = key_rows.data();
+        value_type* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         base::check_range(id, first, n, s.length);
@@ -311,17 +322,17 @@ public:
         if (s.swapped) {  // from the host tier (save() of a preempted sequence works too)
             Memory::synchronize();  // the swap's copies may still be in flight on its stream
             const auto& tier = tier_;
-            for_each_page_segment(s.host_pages, row, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
-                detail::gather_rows<Element, Heads, host_memory>(keys + dst, tier.keys(layer, 0) + at, head_stride, count, this->kv_heads());
-                detail::gather_rows<Element, Heads, host_memory>(values + dst, tier.values(layer, 0) + at, head_stride, count,
-                                                                 this->kv_heads());
+            for_each_page_segment(s.host_pages, row, n, [&](int page, int in_page, int done, int count) {
+                gather_side<host_memory>(keys + std::size_t(done) * this->key_token_row(), tier.keys(layer, 0), page, in_page, count);
+                gather_side<host_memory>(values + std::size_t(done) * this->value_token_row(), tier.values(layer, 0), page,
+                                         in_page, count);
             });
             return;
         }
-        for_each_page_segment(s, row, n, [&](std::int64_t at, std::size_t dst, std::int64_t head_stride, int count) {
-            detail::gather_rows<Element, Heads, Memory>(keys + dst, keys_[layer].data() + at, head_stride, count, this->kv_heads());
-            detail::gather_rows<Element, Heads, Memory>(values + dst, values_[layer].data() + at, head_stride, count,
-                                                        this->kv_heads());
+        for_each_page_segment(s, row, n, [&](int page, int in_page, int done, int count) {
+            gather_side<Memory>(keys + std::size_t(done) * this->key_token_row(), keys_[layer].data(), page, in_page, count);
+            gather_side<Memory>(values + std::size_t(done) * this->value_token_row(), values_[layer].data(), page, in_page,
+                                count);
         });
     }
 
@@ -402,7 +413,7 @@ public:
         for (const auto& entry : sequences_)
             require(!entry.second.swapped, error_code::invalid_argument, "cannot replace the host tier while sequence ",
                     entry.first, " is swapped out to it");
-        tier_ = detail::host_tier<Element, Memory>(layers_, pages, page_elements(), pool_.size());
+        tier_ = detail::host_tier<Element, Memory>(layers_, pages, page_elements(), value_page_elements(), pool_.size());
     }
     /// Gives the host tier a disk tier below it: up to `pages` spilled prefix
     /// pages the host tier evicts are written to files in `directory` (which
@@ -585,7 +596,7 @@ public:
         st.copies = copies_;
         st.pages_released_by_compaction = compaction_releases_;
         st.rows_moved_by_compaction = rows_moved_;
-        const std::size_t page_bytes = std::size_t(layers_) * 2 * std::size_t(page_elements()) * sizeof(Element);
+        const std::size_t page_bytes = this->page_bytes();
         st.bytes_reserved = page_bytes * st.pages_total;
         st.bytes_used = page_bytes * st.pages_used;
         st.bytes_cached = page_bytes * st.pages_evictable;
@@ -662,10 +673,9 @@ private:
         if (stream) {
             copy_page_to_host(victim, host, *stream);
         } else {
-            const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
             for (int l = 0; l < layers_; ++l) {
-                Memory::copy_to_host(tier_.keys(l, host), keys_[l].data() + victim * page_elements(), bytes);
-                Memory::copy_to_host(tier_.values(l, host), values_[l].data() + victim * page_elements(), bytes);
+                Memory::copy_to_host(tier_.keys(l, host), key_plane(l, victim), key_plane_bytes());
+                Memory::copy_to_host(tier_.values(l, host), value_plane(l, victim), value_plane_bytes());
             }
         }
         tier_.publish(host, hash, parent, tokens);
@@ -684,35 +694,36 @@ private:
     /// Writes spilled host page `host` to the disk tier as token-major rows.
     void spill_to_disk(int host) {
         Memory::synchronize();  // a spill's copy into it may still be in flight on a plan's stream
-        const int dim = row_elements<Element>(Heads::head_dim), kv = this->kv_heads();
-        typename detail::disk_tier<Element>::page_rows keys(layers_), values(layers_);
-        for (int l = 0; l < layers_; ++l) {
-            const Element* key_plane = tier_.keys(l, host);
-            const Element* value_plane = tier_.values(l, host);
-            keys[l].resize(std::size_t(page_size_) * this->token_row());
-            values[l].resize(keys[l].size());
+        typename detail::disk_tier<Element>::key_rows keys(layers_);
+        typename detail::disk_tier<Element>::value_rows values(layers_);
+        // Head-major planes to token-major rows, each side in rows of its type.
+        const auto token_major = [&](const auto* plane, auto& rows) {
+            using side = std::remove_cv_t<std::remove_pointer_t<decltype(plane)>>;
+            constexpr int dim = row_elements<side>(Heads::head_dim);
+            const int kv = this->kv_heads();
+            rows.resize(std::size_t(page_size_) * kv * dim);
             for (int t = 0; t < page_size_; ++t)
                 for (int h = 0; h < kv; ++h) {
                     const std::size_t from = (std::size_t(h) * page_size_ + t) * dim, to = (std::size_t(t) * kv + h) * dim;
-                    std::copy(key_plane + from, key_plane + from + dim, keys[l].begin() + to);
-                    std::copy(value_plane + from, value_plane + from + dim, values[l].begin() + to);
+                    std::copy(plane + from, plane + from + dim, rows.begin() + to);
                 }
+        };
+        for (int l = 0; l < layers_; ++l) {
+            token_major(tier_.keys(l, host), keys[l]);
+            token_major(tier_.values(l, host), values[l]);
         }
         disk_.store(tier_.hash_of(host), tier_.parent_of(host), tier_.tokens_of(host), keys, values);
     }
 
     /// A pool page (one reference, published) holding a page read from the
     /// disk tier; the pool must have a page available.
-    int bring_back_rows(const typename detail::disk_tier<Element>::page_rows& keys,
-                        const typename detail::disk_tier<Element>::page_rows& values, std::uint64_t hash,
+    int bring_back_rows(const typename detail::disk_tier<Element>::key_rows& keys,
+                        const typename detail::disk_tier<Element>::value_rows& values, std::uint64_t hash,
                         std::uint64_t parent, const std::int32_t* tokens) {
         const int page = allocate_page();
-        const std::int64_t head_stride = std::int64_t(page_size_) * row_elements<Element>(Heads::head_dim);
         for (int l = 0; l < layers_; ++l) {
-            detail::scatter_rows<Element, Heads, Memory>(keys_[l].data() + page * page_elements(), head_stride,
-                                                         keys[l].data(), page_size_, this->kv_heads());
-            detail::scatter_rows<Element, Heads, Memory>(values_[l].data() + page * page_elements(), head_stride,
-                                                         values[l].data(), page_size_, this->kv_heads());
+            scatter_side(keys_[l].data(), page, 0, keys[l].data(), page_size_);
+            scatter_side(values_[l].data(), page, 0, values[l].data(), page_size_);
         }
         pool_.publish(page, hash, parent, tokens, page_size_);
         ++disk_hits_;
@@ -725,10 +736,9 @@ private:
     /// must have a page available.
     int bring_back(int host, std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens) {
         const int page = allocate_page();
-        const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
         for (int l = 0; l < layers_; ++l) {
-            Memory::copy_from_host(keys_[l].data() + page * page_elements(), tier_.keys(l, host), bytes);
-            Memory::copy_from_host(values_[l].data() + page * page_elements(), tier_.values(l, host), bytes);
+            Memory::copy_from_host(key_plane(l, page), tier_.keys(l, host), key_plane_bytes());
+            Memory::copy_from_host(value_plane(l, page), tier_.values(l, host), value_plane_bytes());
         }
         pool_.publish(page, hash, parent, tokens, page_size_);
         ++host_hits_;
@@ -744,20 +754,44 @@ private:
 
     /// Copies one page between the tiers in every layer, ordered on stream.
     void copy_page_to_host(int primary, int host, typename Memory::stream_type stream) {
-        const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
         for (int l = 0; l < layers_; ++l) {
-            Memory::copy_to_host_async(tier_.keys(l, host), keys_[l].data() + primary * page_elements(), bytes, stream);
-            Memory::copy_to_host_async(tier_.values(l, host), values_[l].data() + primary * page_elements(), bytes,
-                                       stream);
+            Memory::copy_to_host_async(tier_.keys(l, host), key_plane(l, primary), key_plane_bytes(), stream);
+            Memory::copy_to_host_async(tier_.values(l, host), value_plane(l, primary), value_plane_bytes(), stream);
         }
     }
     void copy_page_from_host(int host, int primary, typename Memory::stream_type stream) {
-        const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
         for (int l = 0; l < layers_; ++l) {
-            Memory::copy_from_host_async(keys_[l].data() + primary * page_elements(), tier_.keys(l, host), bytes, stream);
-            Memory::copy_from_host_async(values_[l].data() + primary * page_elements(), tier_.values(l, host), bytes,
-                                         stream);
+            Memory::copy_from_host_async(key_plane(l, primary), tier_.keys(l, host), key_plane_bytes(), stream);
+            Memory::copy_from_host_async(value_plane(l, primary), tier_.values(l, host), value_plane_bytes(), stream);
         }
+    }
+
+    template <class Side>
+    static constexpr int row_of = row_elements<Side>(Heads::head_dim);  ///< elements of one stored row of a side
+    /// Elements of one page's plane of a side.
+    template <class Side>
+    std::int64_t plane_elements() const noexcept { return std::int64_t(this->kv_heads()) * page_size_ * row_of<Side>; }
+    /// Page `page`'s key (value) plane in one layer, and its bytes.
+    key_type* key_plane(int layer, int page) { return keys_[layer].data() + page * page_elements(); }
+    value_type* value_plane(int layer, int page) { return values_[layer].data() + page * value_page_elements(); }
+    std::size_t key_plane_bytes() const noexcept { return std::size_t(page_elements()) * sizeof(key_type); }
+    std::size_t value_plane_bytes() const noexcept { return std::size_t(value_page_elements()) * sizeof(value_type); }
+    /// Element of row `in_page` of head 0 in page `page` of a side's plane array.
+    template <class Side>
+    std::int64_t row_at(int page, int in_page) const noexcept {
+        return page * plane_elements<Side>() + std::int64_t(in_page) * row_of<Side>;
+    }
+    /// count token-major host rows [token][kv_head][row] into rows in_page.. of a pool page of one side.
+    template <class Side>
+    void scatter_side(Side* planes, int page, int in_page, const Side* rows, int count) {
+        detail::scatter_rows<Side, Heads, Memory>(planes + row_at<Side>(page, in_page), std::int64_t(page_size_) * row_of<Side>,
+                                                  rows, count, this->kv_heads());
+    }
+    /// The reverse of scatter_side, from planes in memory space From (the pool's, or the host tier's).
+    template <class From, class Side>
+    void gather_side(Side* rows, const Side* planes, int page, int in_page, int count) const {
+        detail::gather_rows<Side, Heads, From>(rows, planes + row_at<Side>(page, in_page),
+                                               std::int64_t(page_size_) * row_of<Side>, count, this->kv_heads());
     }
 
     std::size_t pages_for(int length) const { return (std::size_t(length) + page_size_ - 1) / page_size_; }
@@ -838,10 +872,14 @@ private:
     /// moves down, so none is overwritten before it moved), in pieces that
     /// neither cross a page nor overlap their source.
     void move_rows(const state& s, int layer, const std::vector<int>& kept) {
-        const int dim = row_elements<Element>(Heads::head_dim);
-        const std::int64_t head_stride = std::int64_t(page_size_) * dim;
-        const auto at = [&](int row) {
-            return s.pages[std::size_t(row / page_size_)] * page_elements() + std::int64_t(row % page_size_) * dim;
+        // count rows from storage row `from` to `to` in every KV head of one side's planes.
+        const auto move = [&](auto* planes, int to, int from, int count) {
+            using side = std::remove_pointer_t<decltype(planes)>;
+            const auto at = [&](int row) { return row_at<side>(s.pages[std::size_t(row / page_size_)], row % page_size_); };
+            const std::int64_t head_stride = std::int64_t(page_size_) * row_of<side>;
+            const std::size_t bytes = std::size_t(count) * row_of<side> * sizeof(side);
+            for (int h = 0; h < this->kv_heads(); ++h)
+                Memory::copy_within(planes + at(to) + h * head_stride, planes + at(from) + h * head_stride, bytes);
         };
         for (int j = 0; j < static_cast<int>(kept.size());) {
             const int from = kept[std::size_t(j)];
@@ -853,21 +891,17 @@ private:
             const int limit = std::min({from - j, page_size_ - j % page_size_, page_size_ - from % page_size_});
             while (count < limit && j + count < static_cast<int>(kept.size()) && kept[std::size_t(j + count)] == from + count)
                 ++count;
-            const std::size_t bytes = std::size_t(count) * dim * sizeof(Element);
-            for (int h = 0; h < this->kv_heads(); ++h) {
-                Memory::copy_within(keys_[layer].data() + at(j) + h * head_stride, keys_[layer].data() + at(from) + h * head_stride, bytes);
-                Memory::copy_within(values_[layer].data() + at(j) + h * head_stride,
-                                    values_[layer].data() + at(from) + h * head_stride, bytes);
-            }
+            move(keys_[layer].data(), j, from, count);
+            move(values_[layer].data(), j, from, count);
             rows_moved_ += std::uint64_t(count);
             j += count;
         }
     }
 
-    /// Calls f(at, host_offset, head_stride, count) for each page-long piece of
-    /// storage rows [first, first + n) of s (the positions, unless it was
-    /// compacted): at is the piece's first element in a layer's pool,
-    /// host_offset the matching element of a [token][kv_head][head_dim] array.
+    /// Calls f(page, in_page, done, count) for each page-long piece of storage
+    /// rows [first, first + n) of s (the positions, unless it was compacted):
+    /// the piece is rows in_page .. in_page + count of page id `page`, and
+    /// token `done` of the caller's [token][kv_head][row] arrays.
     template <class F>
     void for_each_page_segment(const state& s, int first, int n, F&& f) const {
         for_each_page_segment(s.pages, first, n, f);
@@ -875,12 +909,10 @@ private:
     /// The same over a list of page ids (a swapped sequence's host pages).
     template <class F>
     void for_each_page_segment(const std::vector<int>& pages, int first, int n, F&& f) const {
-        const std::int64_t head_stride = std::int64_t(page_size_) * row_elements<Element>(Heads::head_dim);
         for (int done = 0; done < n;) {
             const int p = first + done, row = p % page_size_;
             const int count = std::min(page_size_ - row, n - done);
-            const std::int64_t at = pages[p / page_size_] * page_elements() + std::int64_t(row) * row_elements<Element>(Heads::head_dim);
-            f(at, std::size_t(done) * this->token_row(), head_stride, count);
+            f(pages[std::size_t(p / page_size_)], row, done, count);
             done += count;
         }
     }
@@ -940,12 +972,14 @@ private:
     void make_private(state& s, int i, std::optional<typename Memory::stream_type> stream = std::nullopt) {
         const int old = s.pages[i];
         const int fresh = allocate_page(stream);
-        const std::size_t bytes = std::size_t(page_elements()) * sizeof(Element);
-        const auto copy = [&](Element* plane) {
+        const auto copy = [&](auto* planes) {
+            using side = std::remove_pointer_t<decltype(planes)>;
+            const std::int64_t elements = plane_elements<side>();
+            const std::size_t bytes = std::size_t(elements) * sizeof(side);
             if (stream)
-                Memory::copy_within_async(plane + fresh * page_elements(), plane + old * page_elements(), bytes, *stream);
+                Memory::copy_within_async(planes + fresh * elements, planes + old * elements, bytes, *stream);
             else
-                Memory::copy_within(plane + fresh * page_elements(), plane + old * page_elements(), bytes);
+                Memory::copy_within(planes + fresh * elements, planes + old * elements, bytes);
         };
         for (int l = 0; l < layers_; ++l) {
             copy(keys_[l].data());
@@ -962,7 +996,7 @@ private:
     detail::file_header header() const {
         detail::file_header h;
         h.layout = kind;
-        h.element = element_traits<Element>::kind;
+        h.element = kinds_of<Element>();
         h.heads = shape_of(this->head_counts());
         h.layers = layers_;
         h.parameters[0] = page_size_;
@@ -992,11 +1026,12 @@ private:
             } else {
                 append_positions(id, r.length, r.tokens.data(), static_cast<int>(r.tokens.size()));
             }
-            const std::size_t row = this->token_row();
+            const std::size_t key_row = this->key_token_row(), value_row = this->value_token_row();
             detail::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers_; ++l)
-                    write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),
-                          span<const Element>(r.values(l) + i * row, (j - i) * row), static_cast<int>(j - i));
+                    write(id, l, r.positions[i], span<const key_type>(r.keys(l) + i * key_row, (j - i) * key_row),
+                          span<const value_type>(r.values(l) + i * value_row, (j - i) * value_row),
+                          static_cast<int>(j - i));
             });
             publish(id);
         }
@@ -1006,7 +1041,8 @@ private:
     int layers_;
     int page_size_;
     bool prefix_caching_;
-    std::vector<buffer> keys_, values_;
+    std::vector<typename Memory::template buffer<key_type>> keys_;
+    std::vector<typename Memory::template buffer<value_type>> values_;
     detail::page_pool pool_;
     detail::sequence_registry<state> sequences_;
     detail::index_table<Memory> table_;

@@ -1,13 +1,15 @@
 // The versioned binary format of saved caches, shared by every owner.
 //
 //   "KVCACHE\0"  8 bytes magic
-//   u32 version (1), u32 layout_kind, u32 element_kind,
+//   u32 version (1), u32 layout_kind, u32 element kinds (encode_kv_kinds: the
+//   element_kind, or for keys and values of two types key | (value + 1) << 8),
 //   i32 query_heads, kv_heads, head_dim, layers, i32 parameters[3], u32 sequences
 //   per sequence: i32 length, i32 present, i32 positions[present],
 //                 i32 tokens, i32 token_ids[tokens],
-//                 per layer: keys [present][kv_head][head_dim], values likewise
+//                 per layer: keys [present][kv_head][key row], values [present][kv_head][value row]
 //   u64 checksum: FNV-1a over every byte before it
-// Little-endian, native element bits (fp32, binary16 or bfloat16). A load reads from
+// Little-endian, rows as stored (native element bits; int8 and int4 rows
+// with their scales), a row of each side's type. A load reads from
 // the stream's position to its end: that is the file, nothing may follow.
 #pragma once
 
@@ -25,6 +27,7 @@
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/span.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
@@ -37,25 +40,29 @@ inline constexpr std::uint32_t file_version = 1;
 /// What a file says about the cache it came from.
 struct file_header {
     layout_kind layout = layout_kind::contiguous;
-    element_kind element = element_kind::fp32;
+    kv_kinds element = element_kind::fp32;  ///< what keys and values are stored as
     head_shape heads;
     int layers = 0;
     int parameters[3] = {0, 0, 0};  ///< layout-specific: see each owner
     std::uint32_t sequences = 0;
-    /// [layer], for the scaled element kinds (fp8) only: written after the
-    /// layout parameters, a key and a value float per layer.
+    /// [layer], when either side is a scaled element kind (fp8) only: written
+    /// after the layout parameters, a key and a value float per layer.
     std::vector<kv_scales> scales;
 };
 
+/// True when a file of these kinds records per-layer scales (either side fp8).
+constexpr bool records_scales(kv_kinds kinds) noexcept { return is_scaled_kind(kinds.key) || is_scaled_kind(kinds.value); }
+
 /// One sequence to save: its length, present positions, known token ids and
-/// rows, per layer [present][kv_head][head_dim]. (Loads use file_records.)
-/// @tparam Element stored element type
+/// rows, per layer [present][kv_head][row]. (Loads use file_records.)
+/// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
 struct sequence_record {
     int length = 0;
     std::vector<int> positions;
     std::vector<std::int32_t> tokens;
-    std::vector<std::vector<Element>> keys, values;  ///< [layer]
+    std::vector<std::vector<key_element_t<Element>>> keys;      ///< [layer]
+    std::vector<std::vector<value_element_t<Element>>> values;  ///< [layer]
 };
 
 /// FNV-1a, 64 bit: cheap, and catches flipped or missing bytes.
@@ -191,10 +198,8 @@ private:
 inline const char* layout_name(std::uint32_t v) noexcept {
     return v <= 2 ? to_string(static_cast<layout_kind>(v)) : "unknown";
 }
-/// The name of a stored element kind; "unknown" for values no build writes.
-inline const char* element_name(std::uint32_t v) noexcept {
-    return is_element_kind(int(v)) ? to_string(static_cast<element_kind>(v)) : "unknown";
-}
+/// The name of recorded element kinds ("fp16", "int8+int4"); "unknown" for values no build writes.
+inline std::string element_name(std::uint32_t v) { return recorded_kinds_name(v); }
 
 /// What layout parameter i of a header means for that layout.
 inline const char* parameter_name(layout_kind layout, int i) noexcept {
@@ -226,22 +231,28 @@ inline std::string describe_parameters(layout_kind layout, const int (&p)[3]) {
 
 /// The records of a loaded file, stored compactly: no more memory than the
 /// file's own bytes (per record three ints, then its positions, token ids
-/// and rows as the file holds them).
-/// @tparam Element stored element type
+/// and rows as the file holds them, keys and values each in an array of
+/// their own type).
+/// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
 class file_records {
 public:
-    /// One record; keys(l) and values(l) are [present][kv_head][head_dim].
+    using key_type = key_element_t<Element>;      ///< what key rows hold
+    using value_type = value_element_t<Element>;  ///< what value rows hold
+
+    /// One record; keys(l) and values(l) are [present][kv_head][row].
     struct record {
         int length = 0;
         span<const int> positions;
         span<const std::int32_t> tokens;
-        const Element* rows = nullptr;
-        std::size_t plane = 0;  ///< elements of one layer's keys (or values)
+        const key_type* key_rows = nullptr;      ///< every layer's keys, layer after layer
+        const value_type* value_rows = nullptr;  ///< every layer's values, layer after layer
+        std::size_t key_plane = 0;    ///< elements of one layer's keys
+        std::size_t value_plane = 0;  ///< elements of one layer's values
 
         int present() const noexcept { return static_cast<int>(positions.size()); }
-        const Element* keys(int layer) const noexcept { return rows + 2 * std::size_t(layer) * plane; }
-        const Element* values(int layer) const noexcept { return rows + (2 * std::size_t(layer) + 1) * plane; }
+        const key_type* keys(int layer) const noexcept { return key_rows + std::size_t(layer) * key_plane; }
+        const value_type* values(int layer) const noexcept { return value_rows + std::size_t(layer) * value_plane; }
     };
 
     /// Walks the records in file order.
@@ -253,15 +264,18 @@ public:
             r.length = c.length;
             r.positions = {owner_->positions_.data() + positions_, std::size_t(c.present)};
             r.tokens = {owner_->tokens_.data() + tokens_, std::size_t(c.tokens)};
-            r.plane = std::size_t(c.present) * owner_->row_;
-            r.rows = owner_->rows_.data() + rows_;
+            r.key_plane = std::size_t(c.present) * owner_->key_row_;
+            r.value_plane = std::size_t(c.present) * owner_->value_row_;
+            r.key_rows = owner_->key_rows_.data() + key_rows_;
+            r.value_rows = owner_->value_rows_.data() + value_rows_;
             return r;
         }
         iterator& operator++() {
             const counts& c = owner_->counts_[index_++];
             positions_ += c.present;
             tokens_ += c.tokens;
-            rows_ += 2 * std::size_t(owner_->layers_) * c.present * owner_->row_;
+            key_rows_ += std::size_t(owner_->layers_) * c.present * owner_->key_row_;
+            value_rows_ += std::size_t(owner_->layers_) * c.present * owner_->value_row_;
             return *this;
         }
         bool operator!=(const iterator& other) const noexcept { return index_ != other.index_; }
@@ -270,7 +284,7 @@ public:
         friend file_records;
         iterator(const file_records* owner, std::size_t index) : owner_(owner), index_(index) {}
         const file_records* owner_;
-        std::size_t index_, positions_ = 0, tokens_ = 0, rows_ = 0;
+        std::size_t index_, positions_ = 0, tokens_ = 0, key_rows_ = 0, value_rows_ = 0;
     };
 
     std::size_t size() const noexcept { return counts_.size(); }
@@ -286,27 +300,28 @@ public:
     std::vector<counts> counts_;
     std::vector<int> positions_;
     std::vector<std::int32_t> tokens_;
-    std::vector<Element> rows_;
-    std::size_t row_ = 0;
+    std::vector<key_type> key_rows_;
+    std::vector<value_type> value_rows_;
+    std::size_t key_row_ = 0, value_row_ = 0;  ///< elements of one position's keys (values) in one layer
     int layers_ = 0;
     std::uint64_t file_bytes_ = 0;
 };
 
 /// Writes the header, the records and the checksum.
-/// @tparam Element stored element type
+/// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
 void write_file(std::ostream& out, const file_header& header, const std::vector<sequence_record<Element>>& records) {
     checked_writer w(out);
     w.bytes(file_magic, sizeof file_magic);
     w.value<std::uint32_t>(file_version);
     w.value<std::uint32_t>(static_cast<std::uint32_t>(header.layout));
-    w.value<std::uint32_t>(static_cast<std::uint32_t>(header.element));
+    w.value<std::uint32_t>(encode_kv_kinds(header.element));
     w.value<std::int32_t>(header.heads.query_heads);
     w.value<std::int32_t>(header.heads.kv_heads);
     w.value<std::int32_t>(header.heads.head_dim);
     w.value<std::int32_t>(header.layers);
     for (int p : header.parameters) w.value<std::int32_t>(p);
-    if (is_scaled_kind(header.element))
+    if (records_scales(header.element))
         for (const kv_scales& s : header.scales) {
             w.value<float>(s.key);
             w.value<float>(s.value);
@@ -319,8 +334,8 @@ void write_file(std::ostream& out, const file_header& header, const std::vector<
         w.value<std::int32_t>(static_cast<std::int32_t>(r.tokens.size()));
         w.bytes(r.tokens.data(), r.tokens.size() * sizeof(std::int32_t));
         for (int l = 0; l < header.layers; ++l) {
-            w.bytes(r.keys[l].data(), r.keys[l].size() * sizeof(Element));
-            w.bytes(r.values[l].data(), r.values[l].size() * sizeof(Element));
+            w.bytes(r.keys[l].data(), r.keys[l].size() * sizeof(key_element_t<Element>));
+            w.bytes(r.values[l].data(), r.values[l].size() * sizeof(value_element_t<Element>));
         }
     }
     w.finish();
@@ -344,7 +359,7 @@ inline std::uint32_t read_header(checked_reader& r, const file_header& expected)
             " cache (layout kind ", layout, "), this is a ", layout_name(cache_layout), " cache (layout kind ",
             cache_layout, ")");
     const auto element = r.value<std::uint32_t>();
-    const auto cache_element = static_cast<std::uint32_t>(expected.element);
+    const auto cache_element = encode_kv_kinds(expected.element);
     require(element == cache_element, error_code::format_error, "file holds ", element_name(element),
             " elements (element kind ", element, "), the cache stores ", element_name(cache_element),
             " (element kind ", cache_element, ")");
@@ -371,7 +386,7 @@ inline std::uint32_t read_header(checked_reader& r, const file_header& expected)
     }
     // The same element kind, so the same layers of scales (or none) follow;
     // rows narrowed with other scales would read as other numbers.
-    if (is_scaled_kind(expected.element))
+    if (records_scales(expected.element))
         for (int l = 0; l < layers; ++l) {
             const float key = r.value<float>(), value = r.value<float>();
             const kv_scales want = l < int(expected.scales.size()) ? expected.scales[std::size_t(l)] : kv_scales{};
@@ -388,9 +403,10 @@ inline std::uint32_t read_header(checked_reader& r, const file_header& expected)
 
 /// What the records of a file add up to.
 struct record_totals {
-    std::uint64_t positions = 0, tokens = 0, rows = 0;  ///< rows in elements
+    std::uint64_t positions = 0, tokens = 0;
+    std::uint64_t key_rows = 0, value_rows = 0;  ///< in elements of each side's type
     bool operator==(const record_totals& o) const noexcept {
-        return positions == o.positions && tokens == o.tokens && rows == o.rows;
+        return positions == o.positions && tokens == o.tokens && key_rows == o.key_rows && value_rows == o.value_rows;
     }
 };
 
@@ -398,12 +414,17 @@ struct record_totals {
 /// before the checksum, so no claim can exceed the file. Without `into` the
 /// walk keeps nothing and sums the counts; with it, it fills arrays the first
 /// walk sized, and checks the positions.
-/// @tparam Element stored element type
+/// key_row and value_row: elements of one position's keys (values) in one layer.
+/// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
-record_totals read_records(checked_reader& r, std::uint32_t sequences, int layers, std::size_t row,
-                           file_records<Element>* into) {
-    const std::uint64_t rows_per_position = 2 * std::uint64_t(layers) * row;  // elements, every layer's K and V
-    const std::uint64_t position_bytes = 4 + rows_per_position * sizeof(Element);
+record_totals read_records(checked_reader& r, std::uint32_t sequences, int layers, std::size_t key_row,
+                           std::size_t value_row, file_records<Element>* into) {
+    using key_type = key_element_t<Element>;
+    using value_type = value_element_t<Element>;
+    // Bytes of one position's rows, every layer's K and V.
+    const std::uint64_t rows_per_position =
+        std::uint64_t(layers) * (key_row * sizeof(key_type) + value_row * sizeof(value_type));
+    const std::uint64_t position_bytes = 4 + rows_per_position;
     record_totals t;
     // Only a stream changed between the walks can make the second one disagree.
     auto room = [&](std::uint64_t used, std::uint64_t wanted, std::size_t have) {
@@ -440,39 +461,48 @@ record_totals read_records(checked_reader& r, std::uint32_t sequences, int layer
         const int tokens = r.value<std::int32_t>();
         require(tokens >= 0 && tokens <= length, error_code::format_error, "sequence ", s, " of ", sequences,
                 ": token ids = ", tokens, " is outside [0, ", length, "]");
-        const std::uint64_t row_bytes = present * rows_per_position * sizeof(Element);
+        const std::uint64_t row_bytes = present * rows_per_position;
         require(std::uint64_t(tokens) * 4 + row_bytes <= r.payload_left(), error_code::format_error,
                 "file truncated: sequence ", s, " of ", sequences, " claims ", tokens, " token ids and ", present,
                 " present positions (", std::uint64_t(tokens) * 4 + row_bytes, " bytes), only ", r.payload_left(),
                 " bytes remain before the checksum");
-        const std::uint64_t elements = present * rows_per_position;
+        const std::uint64_t key_plane = std::uint64_t(present) * key_row, value_plane = std::uint64_t(present) * value_row;
         if (into) {
             room(t.tokens, tokens, into->tokens_.size());
             r.bytes(into->tokens_.data() + t.tokens, std::size_t(tokens) * sizeof(std::int32_t));
-            room(t.rows, elements, into->rows_.size());
-            r.bytes(into->rows_.data() + t.rows, std::size_t(elements) * sizeof(Element));
+            room(t.key_rows, layers * key_plane, into->key_rows_.size());
+            room(t.value_rows, layers * value_plane, into->value_rows_.size());
+            for (int l = 0; l < layers; ++l) {  // the file interleaves each layer's keys and values
+                r.bytes(into->key_rows_.data() + t.key_rows + l * key_plane, std::size_t(key_plane) * sizeof(key_type));
+                r.bytes(into->value_rows_.data() + t.value_rows + l * value_plane,
+                        std::size_t(value_plane) * sizeof(value_type));
+            }
             into->counts_[s] = {length, present, tokens};
         } else {
             r.skip(std::uint64_t(tokens) * 4 + row_bytes);
         }
         t.positions += present;
         t.tokens += tokens;
-        t.rows += elements;
+        t.key_rows += layers * key_plane;
+        t.value_rows += layers * value_plane;
     }
     return t;
 }
 
 /// read_file on a stream that can seek back to `start`, `size` bytes long.
-/// @tparam Element stored element type
+/// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
 file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type start, std::uint64_t size,
                                       const file_header& expected) {
-    const std::size_t row = std::size_t(expected.heads.kv_heads) * row_elements<Element>(expected.heads.head_dim);
+    const std::size_t key_row =
+        std::size_t(expected.heads.kv_heads) * row_elements<key_element_t<Element>>(expected.heads.head_dim);
+    const std::size_t value_row =
+        std::size_t(expected.heads.kv_heads) * row_elements<value_element_t<Element>>(expected.heads.head_dim);
     // First pass: header, counts and checksum, with no more memory than a
     // small buffer, so nothing is allocated for a file that is not intact.
     checked_reader first(in, size);
     const std::uint32_t sequences = read_header(first, expected);
-    const record_totals totals = read_records<Element>(first, sequences, expected.layers, row, nullptr);
+    const record_totals totals = read_records<Element>(first, sequences, expected.layers, key_row, value_row, nullptr);
     const std::uint64_t stored = first.stored_checksum();
     require(stored == first.hash(), error_code::format_error, "checksum ", stored, " does not match contents (",
             first.hash(), ")");
@@ -488,8 +518,10 @@ file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type s
     out.counts_.resize(sequences);
     out.positions_.resize(totals.positions);
     out.tokens_.resize(totals.tokens);
-    out.rows_.resize(totals.rows);
-    out.row_ = row;
+    out.key_rows_.resize(totals.key_rows);
+    out.value_rows_.resize(totals.value_rows);
+    out.key_row_ = key_row;
+    out.value_row_ = value_row;
     out.layers_ = expected.layers;
     out.file_bytes_ = first.offset();
     in.clear();
@@ -497,7 +529,7 @@ file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type s
     require(static_cast<bool>(in), error_code::io_error, "cannot seek the stream back to where the file starts");
     checked_reader second(in, size);
     (void)read_header(second, expected);
-    const bool same = read_records<Element>(second, sequences, expected.layers, row, &out) == totals &&
+    const bool same = read_records<Element>(second, sequences, expected.layers, key_row, value_row, &out) == totals &&
                       second.stored_checksum() == stored && second.hash() == stored;
     require(same, error_code::io_error, "the stream changed between the two passes of the load");
     return out;
@@ -508,7 +540,7 @@ file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type s
 /// bytes left, checksum) before more than a small buffer is allocated, then
 /// kept in no more memory than the file's size. A stream that cannot seek is
 /// first copied into memory (the file's size again).
-/// @tparam Element stored element type
+/// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
 file_records<Element> read_file(std::istream& in, const file_header& expected) {
     require(static_cast<bool>(in), error_code::io_error, "the stream to load from is not readable");

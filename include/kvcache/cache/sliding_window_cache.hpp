@@ -13,6 +13,7 @@
 #include "kvcache/cache/sequence_id.hpp"
 #include "kvcache/cache/slot_store.hpp"
 #include "kvcache/core/element.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/heads.hpp"
 #include "kvcache/core/memory.hpp"
 #include "kvcache/layout/sliding_window_view.hpp"
@@ -24,19 +25,22 @@ namespace kvcache {
 /// sees the sinks plus keys newer than query - window. Appends come in chunks
 /// of at most max_chunk tokens, which the ring is sized for. Keys are stored
 /// rotated at their original position (RoPE is applied before the write).
-/// @tparam Element stored element type (float, kvcache::half or kvcache::bfloat16)
+/// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, fp8, qint8, qint4) or a
+///         kv_elements pair (keys and values of two of them)
 /// @tparam Heads a head_config
 /// @tparam Memory host_memory or device_memory
 template <class Element, class Heads, class Memory = host_memory>
 class sliding_window_cache : public detail::owner_base<sliding_window_cache<Element, Heads, Memory>, Element, Heads>,
                              public detail::compaction_calls<sliding_window_cache<Element, Heads, Memory>> {
-    static_assert(is_stored_element_v<Element>, "kvcache::sliding_window_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8 or kvcache::qint4");
+    static_assert(is_cache_element_v<Element>, "kvcache::sliding_window_cache stores float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3, kvcache::float8_e5m2, kvcache::qint8, kvcache::qint4 or a kvcache::kv_elements pair of them");
     using base = detail::owner_base<sliding_window_cache, Element, Heads>;
     friend base;
     friend detail::compaction_calls<sliding_window_cache>;
 
 public:
     using element_type = Element;
+    using key_type = key_element_t<Element>;      ///< what key rows are stored as
+    using value_type = value_element_t<Element>;  ///< what value rows are stored as
     using heads = Heads;
     using memory = Memory;
     using view_type = sliding_window_view<Element, Heads>;
@@ -109,34 +113,34 @@ public:
     using base::write;  // also from rows of the other element type, converted
     /// Writes rows of present positions [first, first + n) of one layer from
     /// host arrays [token][kv_head][head_dim].
-    void write(sequence_id id, int layer, int first, span<const Element> key_rows, span<const Element> value_rows, int n) {
+    void write(sequence_id id, int layer, int first, span<const key_type> key_rows, span<const value_type> value_rows, int n) {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "write");
-        const Element* const keys = key_rows.data();
-        const Element* const values = value_rows.data();
+        const key_type* const keys = key_rows.data();
+        const value_type* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         check_present(id, s.length, first, n);
         check_no_hole(s, id, layer, first, n, "write");
         for_each_segment(first, n, [&](int row, int done, int count) {
-            const std::size_t at = std::size_t(done) * this->token_row();
-            store_.write(layer, s.slot, row, keys + at, values + at, count);
+            store_.write(layer, s.slot, row, keys + std::size_t(done) * this->key_token_row(),
+                         values + std::size_t(done) * this->value_token_row(), count);
         });
     }
 
     using base::read;  // also into float or 16-bit rows, widened (int8, int4 and fp8 dequantised)
 
     /// Reads rows of present positions [first, first + n) of one layer into host arrays.
-    void read(sequence_id id, int layer, int first, int n, span<Element> key_rows, span<Element> value_rows) const {
+    void read(sequence_id id, int layer, int first, int n, span<key_type> key_rows, span<value_type> value_rows) const {
         base::check_rows(key_rows.size(), value_rows.size(), n, id, layer, "read");
-        Element* const keys = key_rows.data();
-        Element* const values = value_rows.data();
+        key_type* const keys = key_rows.data();
+        value_type* const values = value_rows.data();
         this->check_layer(layer);
         const state& s = sequences_.at(id);
         check_present(id, s.length, first, n);
         check_no_hole(s, id, layer, first, n, "read");
         for_each_segment(first, n, [&](int row, int done, int count) {
-            const std::size_t at = std::size_t(done) * this->token_row();
-            store_.read(layer, s.slot, row, count, keys + at, values + at);
+            store_.read(layer, s.slot, row, count, keys + std::size_t(done) * this->key_token_row(),
+                        values + std::size_t(done) * this->value_token_row());
         });
     }
 
@@ -264,7 +268,7 @@ public:
         for (const auto& entry : sequences_)
             for (int l = 0; l < layers(); ++l)
                 rows += present_positions_for(entry.second.length).size() - holes_of(entry.second, l).size();
-        return rows * 2 * this->token_row() * sizeof(Element);
+        return rows * this->token_bytes();
     }
 
 private:
@@ -370,7 +374,7 @@ private:
     detail::file_header header() const {
         detail::file_header h;
         h.layout = kind;
-        h.element = element_traits<Element>::kind;
+        h.element = kinds_of<Element>();
         h.heads = shape_of(this->head_counts());
         h.layers = layers();
         h.parameters[0] = sinks_;
@@ -400,7 +404,7 @@ private:
                 " sequences needs as many slots, ", free_slots_.size(), " are free");
         std::vector<sequence_id> ids;
         ids.reserve(records.size());
-        const std::size_t row = this->token_row();
+        const std::size_t key_row = this->key_token_row(), value_row = this->value_token_row();
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);
@@ -413,8 +417,9 @@ private:
             if (!holes.empty()) s.holes.assign(std::size_t(layers()), holes);
             detail::for_each_position_run(r.positions, [&](std::size_t i, std::size_t j) {
                 for (int l = 0; l < layers(); ++l)
-                    write(id, l, r.positions[i], span<const Element>(r.keys(l) + i * row, (j - i) * row),
-                          span<const Element>(r.values(l) + i * row, (j - i) * row), static_cast<int>(j - i));
+                    write(id, l, r.positions[i], span<const key_type>(r.keys(l) + i * key_row, (j - i) * key_row),
+                          span<const value_type>(r.values(l) + i * value_row, (j - i) * value_row),
+                          static_cast<int>(j - i));
             });
         }
         return ids;

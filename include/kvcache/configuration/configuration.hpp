@@ -10,6 +10,7 @@
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/half.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/layout.hpp"
 
 namespace kvcache {
@@ -42,7 +43,8 @@ using sliding_window_layout = layout_family<sliding_window_view>;  ///< the slid
 /// empty for compiled counts, the runtime values the dispatcher matched for
 /// a dynamic head configuration (read them with head_counts()).
 /// @tparam Layout a layout_family
-/// @tparam Element float, kvcache::half, kvcache::bfloat16, kvcache::float8_e4m3 or kvcache::float8_e5m2
+/// @tparam Element a stored element type (float, kvcache::half, kvcache::bfloat16, fp8, kvcache::qint8,
+///         kvcache::qint4) or a kv_elements pair
 /// @tparam Heads a head_config (counts compiled or kvcache::dynamic)
 template <class Layout, class Element, class Heads>
 struct configuration {
@@ -60,12 +62,12 @@ struct configuration {
 /// A configuration as runtime values, as a caller knows it from a model file.
 struct runtime_configuration {
     layout_kind layout = layout_kind::paged;
-    element_kind element = element_kind::fp16;
+    kv_kinds element = element_kind::fp16;  ///< what keys and values are stored as (one kind, or a kind each)
     head_shape heads{};
 
-    /// "paged/fp16/32q/8kv/d128"
+    /// "paged/fp16/32q/8kv/d128" ("paged/int8+int4/..." for int8 keys and int4 values)
     std::string to_string() const {
-        return std::string(kvcache::to_string(layout)) + "/" + kvcache::to_string(element) + "/" + heads.to_string();
+        return std::string(kvcache::to_string(layout)) + "/" + element.to_string() + "/" + heads.to_string();
     }
     friend bool operator==(const runtime_configuration& a, const runtime_configuration& b) noexcept {
         return a.layout == b.layout && a.element == b.element && a.heads == b.heads;
@@ -77,7 +79,7 @@ struct runtime_configuration {
 template <class Configuration>
 runtime_configuration runtime_of() {
     using view = typename Configuration::view;
-    return {view::kind, element_traits<typename Configuration::element>::kind, shape_of<typename Configuration::heads>()};
+    return {view::kind, kinds_of<typename Configuration::element>(), shape_of<typename Configuration::heads>()};
 }
 
 /// True when the configuration can run `wanted`: its layout, element type and
@@ -87,7 +89,7 @@ template <class Configuration>
 bool runs(const runtime_configuration& wanted) {
     using view = typename Configuration::view;
     using heads = typename Configuration::heads;
-    if (view::kind != wanted.layout || element_traits<typename Configuration::element>::kind != wanted.element ||
+    if (view::kind != wanted.layout || kinds_of<typename Configuration::element>() != wanted.element ||
         heads::head_dim != wanted.heads.head_dim)
         return false;
     if constexpr (heads::static_counts) {
@@ -113,7 +115,7 @@ std::string name_of() {
             return (n == 0 ? std::string("dynamic") : std::to_string(n)) + unit;
         };
         return std::string(kvcache::to_string(view::kind)) + "/" +
-               kvcache::to_string(element_traits<typename Configuration::element>::kind) + "/" +
+               kinds_of<typename Configuration::element>().to_string() + "/" +
                count(unset.query_heads(), "q/") + count(unset.kv_heads(), "kv/d") + std::to_string(heads::head_dim);
     }
 }
@@ -182,6 +184,17 @@ using fp8_elements = type_list<float8_e4m3, float8_e5m2>;
 /// Every storage element type: all_elements, fp8_elements, int8 (qint8, a
 /// float scale per row) and int4 (qint4, a half scale and minimum per group of 32).
 using cache_elements = type_list<float, half, bfloat16, float8_e4m3, float8_e5m2, qint8, qint4>;
+
+/// The K/V pairs compiled where every storage type is (the engine's lists,
+/// dynamic_configurations): 16-bit keys over int8 or int4 values, and int8
+/// keys over int4 values, llama.cpp's usual -ctk/-ctv choices (keys are the
+/// more sensitive side). Any other pair is a kv_elements type of the caller's.
+using kv_element_pairs =
+    type_list<kv_elements<half, qint8>, kv_elements<half, qint4>, kv_elements<qint8, qint4>>;
+
+/// cache_elements and kv_element_pairs: everything the dispatcher's default lists store.
+using cache_element_choices = type_list<float, half, bfloat16, float8_e4m3, float8_e5m2, qint8, qint4,
+                                        kv_elements<half, qint8>, kv_elements<half, qint4>, kv_elements<qint8, qint4>>;
 
 /// Dynamic head counts for the head dimensions public checkpoints use
 /// (64: GPT-2, TinyLlama; 80: Phi-2; 96: Phi-3; 128: Llama, Mistral, Qwen;

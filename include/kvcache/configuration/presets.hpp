@@ -91,10 +91,11 @@ using preset_heads = type_list<llama3_8b::heads, llama2_7b::heads, qwen2_5_7b::h
 /// Every layout x element type x preset head configuration (36 configurations).
 using preset_configurations = configuration_product_t<all_layouts, all_elements, presets::preset_heads>;
 
-/// Dynamic head counts in every layout and element type, fp8, int8 and int4
-/// included, for the usual head dimensions (dynamic_head_dims): 105 configurations that run
-/// any model of those dimensions, through a generic instantiation per dimension.
-using dynamic_configurations = configuration_product_t<all_layouts, cache_elements, dynamic_head_dims>;
+/// Dynamic head counts in every layout and element type, fp8, int8, int4 and
+/// the K/V pairs of kv_element_pairs included, for the usual head dimensions
+/// (dynamic_head_dims): 150 configurations that run any model of those
+/// dimensions, through a generic instantiation per dimension.
+using dynamic_configurations = configuration_product_t<all_layouts, cache_element_choices, dynamic_head_dims>;
 
 /// The presets compiled for their head counts, and every other shape of the
 /// usual head dimensions through dynamic_configurations: what an engine that
@@ -105,7 +106,8 @@ using default_configurations = concat_t<preset_configurations, dynamic_configura
 /// (the test model), MQA, group 5 with head dim 56, and dynamic counts of head
 /// dim 32 (the generic kernels), in every layout for fp32 and fp16; bfloat16,
 /// which differs from fp16 only in its conversions, on one shape per layout;
-/// fp8, which differs in its conversions and scales, on one shape per encoding.
+/// fp8, which differs in its conversions and scales, on one shape per encoding;
+/// K/V pairs (keys and values in two types) on one shape each.
 using test_configurations = concat_t<
     configuration_product_t<all_layouts, type_list<float, half>,
                             type_list<head_config<4, 4, 32>, presets::test_model::heads, head_config<4, 1, 32>,
@@ -114,6 +116,8 @@ using test_configurations = concat_t<
               configuration<paged_layout, bfloat16, presets::test_model::heads>,
               configuration<sliding_window_layout, bfloat16, head_config<4, 1, 32>>,
               configuration<paged_layout, float8_e4m3, presets::test_model::heads>,
-              configuration<sliding_window_layout, float8_e5m2, dynamic_heads<32>>>>;
+              configuration<sliding_window_layout, float8_e5m2, dynamic_heads<32>>,
+              configuration<paged_layout, kv_elements<half, qint4>, presets::test_model::heads>,
+              configuration<contiguous_layout, kv_elements<qint8, qint4>, dynamic_heads<32>>>>;
 
 }  // namespace kvcache

@@ -190,6 +190,22 @@ KVCACHE_HOST_DEVICE inline float to_float_scaled(Element value, float scale) noe
     else return to_float(value);
 }
 
+/// Writes one row of head_dim values (value(d) gives value d as a float) as
+/// Element stores it: quantise_row for qint8 and qint4 (the row's own
+/// scales), else each value narrowed with from_float_scaled (fp8 divided by
+/// layer_scale). What every host append writes, so all of them write the same bytes.
+/// @tparam Element a stored element type (is_stored_element_v)
+/// @tparam Value a callable int -> float
+template <class Element, class Value>
+inline void store_row(Value&& value, int head_dim, float layer_scale, Element* out) noexcept {
+    if constexpr (is_row_quantised_v<Element>) {
+        (void)layer_scale;
+        quantise_row(value, head_dim, out);
+    } else {
+        for (int d = 0; d < head_dim; ++d) out[d] = from_float_scaled<Element>(value(d), layer_scale);
+    }
+}
+
 /// Widens one stored row of head_dim values to float, as attention reads it:
 /// an fp8 row's values times the layer scale, an int8 row's times its own
 /// scale, an int4 row's group minimum + code * scale, the 16- and 32-bit types'

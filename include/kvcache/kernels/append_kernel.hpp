@@ -49,13 +49,19 @@ struct append_kernel {
         const int length = p.view.length(sequence);
         // Explicit positions may name any present position: each is checked on its own.
         const int first = p.positions ? 0 : detail::first_present_new_token(p.view, sequence, tokens);
-        if constexpr (is_row_quantised_v<element>) quantise_rows(ctx, p, kv, sequence, tokens, length, first);
-        else convert_pieces(ctx, p, kv, sequence, tokens, length, first);
+        // Each side as its type asks (a kv_elements pair's keys and values may differ):
+        // int8 and int4 rows whole, a warp each, the other types 8 elements per thread.
+        constexpr bool keys_whole = is_row_quantised_v<key_element_t<element>>;
+        constexpr bool values_whole = is_row_quantised_v<value_element_t<element>>;
+        if constexpr (!keys_whole || !values_whole)
+            convert_pieces<!keys_whole, !values_whole>(ctx, p, kv, sequence, tokens, length, first);
+        if constexpr (keys_whole || values_whole)
+            quantise_rows<keys_whole, values_whole>(ctx, p, kv, sequence, tokens, length, first);
     }
 
 private:
-    // Token rows [first, tokens) of (sequence, kv), 8 elements per thread.
-    template <class Context>
+    // Token rows [first, tokens) of (sequence, kv), 8 elements per thread, of the sides asked for.
+    template <bool Keys, bool Values, class Context>
     KVCACHE_HOST_DEVICE static void convert_pieces(Context& ctx, const append_kernel_params<Layout, Input>& p, int kv,
                                                    int sequence, int tokens, int length, int first) {
         const int items = (tokens - first) * chunks;
@@ -69,18 +75,23 @@ private:
             const std::size_t source =
                 (std::size_t(row) * p.view.kv_heads() + kv) * heads::head_dim + c;
             float x[8];
-            detail::load8(ctx, p.keys + source, x);
-            store_scaled(ctx, p.view.key(sequence, kv, position) + c, x, scales.key);
-            detail::load8(ctx, p.values + source, x);
-            store_scaled(ctx, p.view.value(sequence, kv, position) + c, x, scales.value);
+            if constexpr (Keys) {
+                detail::load8(ctx, p.keys + source, x);
+                store_scaled(ctx, p.view.key(sequence, kv, position) + c, x, scales.key);
+            }
+            if constexpr (Values) {
+                detail::load8(ctx, p.values + source, x);
+                store_scaled(ctx, p.view.value(sequence, kv, position) + c, x, scales.value);
+            }
         }
     }
 
     static constexpr int warps = block_threads / 32;
     static constexpr int lane_chunks = (chunks + 31) / 32;  // 8-element pieces of a row per lane
 
-    // Token rows [first, tokens) of (sequence, kv), one warp per token: its key row then its value row.
-    template <class Context>
+    // Token rows [first, tokens) of (sequence, kv), one warp per token: its key row then its value row
+    // (of the sides asked for).
+    template <bool Keys, bool Values, class Context>
     KVCACHE_HOST_DEVICE static void quantise_rows(Context& ctx, const append_kernel_params<Layout, Input>& p, int kv,
                                                   int sequence, int tokens, int length, int first) {
         const int warp_stride = ctx.grid_size().x * warps;
@@ -90,8 +101,8 @@ private:
             const int position = p.positions ? p.positions[row] : length - tokens + t;
             if (p.positions && !detail::is_present(p.view, sequence, position)) continue;
             const std::size_t source = (std::size_t(row) * p.view.kv_heads() + kv) * heads::head_dim;
-            quantise_row_of_warp(ctx, p.keys + source, p.view.key(sequence, kv, position));
-            quantise_row_of_warp(ctx, p.values + source, p.view.value(sequence, kv, position));
+            if constexpr (Keys) quantise_row_of_warp(ctx, p.keys + source, p.view.key(sequence, kv, position));
+            if constexpr (Values) quantise_row_of_warp(ctx, p.values + source, p.view.value(sequence, kv, position));
         }
     }
 
@@ -191,9 +202,9 @@ private:
 
     // A division, not a multiply by the reciprocal: the stored byte is then
     // the one from_float_scaled gives, so every backend writes the same cache.
-    template <class Context>
-    KVCACHE_HOST_DEVICE static void store_scaled(Context& ctx, element* p, float (&x)[8], float scale) {
-        if constexpr (is_scaled_element_v<element>)
+    template <class Context, class Stored>
+    KVCACHE_HOST_DEVICE static void store_scaled(Context& ctx, Stored* p, float (&x)[8], float scale) {
+        if constexpr (is_scaled_element_v<Stored>)
             for (int j = 0; j < 8; ++j) x[j] = x[j] / scale;
         detail::store8(ctx, p, x);
     }

@@ -49,7 +49,8 @@ struct decode_kernel {
     // A dynamic block's rows are heads of one token: each row is its own "token" of the tile, so
     // rows past the group's end are masked the way tokens past a tile's end are.
     using tile_step = detail::attention_tile<group, compiled_group ? group : 1, dim, tile, block_threads,
-                                            is_row_quantised_v<element>>;
+                                            is_row_quantised_v<key_element_t<element>>,
+                                            is_row_quantised_v<value_element_t<element>>>;
     static constexpr int per_thread = tile_step::per_thread;
     /// Dynamic shared memory a launch needs.
     static constexpr std::size_t shared_bytes = tile_step::shared_bytes;

@@ -48,7 +48,9 @@ struct prefill_kernel {
         prefill_target_rows(dim) / group < 1 ? 1 : prefill_target_rows(dim) / group;  ///< tile tokens per tile
     static constexpr int rows = tile_tokens * group;  ///< query rows of a tile
     static constexpr int tile = attention_tile_keys(dim);
-    using tile_step = detail::attention_tile<rows, group, dim, tile, block_threads, is_row_quantised_v<element>>;
+    using tile_step = detail::attention_tile<rows, group, dim, tile, block_threads,
+                                             is_row_quantised_v<key_element_t<element>>,
+                                             is_row_quantised_v<value_element_t<element>>>;
     static constexpr int per_thread = tile_step::per_thread;
     /// Dynamic shared memory a launch needs.
     static constexpr std::size_t shared_bytes = tile_step::shared_bytes;

@@ -18,8 +18,9 @@
 //   int  length(int seq) const;                   tokens the sequence holds (logical)
 //   int  visible_count(int seq) const;            present positions
 //   int  visible_position(int seq, int i) const;  logical position of visible index i (ascending in i)
-//   E*   key(int seq, int kv_head, int position) const;    row of head_dim elements; position present
-//   E*   value(int seq, int kv_head, int position) const;
+//   K*   key(int seq, int kv_head, int position) const;    row of head_dim elements; position present
+//   V*   value(int seq, int kv_head, int position) const;  (K, V: key_element_t<E>, value_element_t<E>,
+//                                                 both E unless E is a kv_elements pair)
 //   position_run<E> run(int seq, int kv_head, int visible_begin) const;
 //                                                 the maximal evenly strided run from visible_begin
 //   attention_visibility visibility() const;      which present keys a query may see
@@ -34,6 +35,7 @@
 
 #include "kvcache/core/config.hpp"
 #include "kvcache/core/element.hpp"
+#include "kvcache/core/kv_elements.hpp"
 
 namespace kvcache {
 
@@ -50,18 +52,41 @@ inline const char* to_string(layout_kind kind) noexcept {
     return "unknown";
 }
 
+namespace detail {
+/// A run's value stride: none of its own for one element type (values share
+/// the key stride), value_stride for a kv_elements pair, whose value rows
+/// differ in size from its key rows.
+template <bool Pair>
+struct value_run_stride {};
+template <>
+struct value_run_stride<true> {
+    int value_stride = 0;  ///< value elements from one row to the next
+};
+}  // namespace detail
+
 /// A run of present positions whose key and value rows for one KV head are
-/// evenly strided in memory: kernels stream it with wide loads.
-/// @tparam Element the stored element type
+/// evenly strided in memory: kernels stream it with wide loads. Read value
+/// rows through value_stride_of(run): for a kv_elements pair the values have
+/// a stride of their own.
+/// @tparam Element the stored element type, or a kv_elements pair
 template <class Element>
-struct position_run {
-    Element* keys = nullptr;    ///< key row of the run's first position
-    Element* values = nullptr;  ///< value row of the run's first position
+struct position_run : detail::value_run_stride<is_kv_pair_v<Element>> {
+    key_element_t<Element>* keys = nullptr;      ///< key row of the run's first position
+    value_element_t<Element>* values = nullptr;  ///< value row of the run's first position
     int first_visible = 0;      ///< visible index of the first position
     int first_position = 0;     ///< logical position of the first row; row r is first_position + r
     int count = 0;              ///< rows in the run (0 past the end)
-    int stride = 0;             ///< elements from one row to the next
+    int stride = 0;             ///< elements from one (key) row to the next
 };
+
+/// Value elements from one row of the run to the next: the run's own value
+/// stride for a kv_elements pair, its stride otherwise.
+/// @tparam Element the run's element type
+template <class Element>
+KVCACHE_HOST_DEVICE constexpr int value_stride_of(const position_run<Element>& run) noexcept {
+    if constexpr (is_kv_pair_v<Element>) return run.value_stride;
+    else return run.stride;
+}
 
 /// Which keys a query may attend to, on top of causality (key <= query):
 /// with window > 0 only keys newer than query - window, plus the first
@@ -112,7 +137,9 @@ KVCACHE_HOST_DEVICE constexpr auto attention_view_of(const View& view) noexcept 
     using element = typename View::element_type;
     if constexpr (std::is_const_v<element>) {
         using writable = std::remove_const_t<element>;
-        return view.template with_elements<writable>(const_cast<writable*>(view.keys), const_cast<writable*>(view.values));
+        using key = key_element_t<writable>;
+        using value = value_element_t<writable>;
+        return view.template with_elements<writable>(const_cast<key*>(view.keys), const_cast<value*>(view.values));
     } else {
         return view;
     }

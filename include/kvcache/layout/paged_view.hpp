@@ -30,6 +30,15 @@ KVCACHE_HOST_DEVICE constexpr int power_of_two_shift(int n) noexcept {
     return shift;
 }
 
+/// A paged view's value plane stride: none of its own for one element type
+/// (values share page_stride), value_page_stride for a kv_elements pair.
+template <bool Pair>
+struct paged_value_plane {};
+template <>
+struct paged_value_plane<true> {
+    std::int64_t value_page_stride = 0;  ///< elements from one page's value plane to the next
+};
+
 }  // namespace detail
 
 /// How a page orders its rows: head-major [kv_head][token_in_page][head_dim]
@@ -43,7 +52,8 @@ enum class page_order : int { head_major = 0, token_major = 1 };
 /// Key row (page, kv_head, row) starts at keys[page * page_stride +
 /// (kv_head * page_size + row) * head_dim] head-major, or at
 /// keys[page * page_stride + (row * kv_heads + kv_head) * head_dim] token-major
-/// (values alike).
+/// (values alike; a kv_elements pair's values at value_page_stride, in rows
+/// of their own type).
 /// The page size is a runtime value: one compiled kernel serves every size.
 ///
 /// Compacted sequences (paged_cache::compact): with `dropped` set, a
@@ -54,12 +64,16 @@ enum class page_order : int { head_major = 0, token_major = 1 };
 /// the consecutive positions appended since, so row v >= k holds position
 /// v + dropped[i]. A sequence with dropped 0 and no kept positions is stored
 /// as it was written (row == position); a null `dropped` means that for all.
-/// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, or fp8 read through scales; const for a read-only view)
+/// @tparam Element stored element type (float, kvcache::half, kvcache::bfloat16, fp8 read through scales, qint8,
+///         qint4, or a kv_elements pair; const for a read-only view)
 /// @tparam Heads a head_config
 /// @tparam Order the in-page order of rows
 template <class Element, class Heads, page_order Order = page_order::head_major>
-struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element>, detail::compacted_rows, Heads {
+struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element>, detail::compacted_rows,
+                    detail::paged_value_plane<is_kv_pair_v<Element>>, Heads {
     using element_type = Element;
+    using key_type = key_element_t<Element>;      ///< what key rows hold
+    using value_type = value_element_t<Element>;  ///< what value rows hold
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::paged;
     static constexpr page_order order = Order;  ///< the in-page order of rows
@@ -67,8 +81,8 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     // The head counts are a base (Heads): query_heads(), kv_heads(), group_size() are the
     // view's own, constants for a compiled configuration, which then adds no bytes.
 
-    Element* keys = nullptr;            ///< key plane of page 0
-    Element* values = nullptr;          ///< value plane of page 0
+    key_type* keys = nullptr;           ///< key plane of page 0
+    value_type* values = nullptr;       ///< value plane of page 0
     const int* page_offsets = nullptr;  ///< sequences + 1 entries into page_indices
     const int* page_indices = nullptr;  ///< pool page ids, in position order per sequence
     const int* lengths = nullptr;       ///< tokens held by each batch entry
@@ -76,7 +90,8 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     int sequences = 0;                  ///< batch entries
     int page_size = 1;                  ///< tokens per page (>= 1)
     int page_shift = 0;                 ///< log2(page_size) when a power of two, else -1
-    std::int64_t page_stride = 0;       ///< elements from one page's key plane to the next (>= kv_heads*page_size*head_dim)
+    std::int64_t page_stride = 0;       ///< elements from one page's key plane to the next (>= kv_heads*page_size*head_dim); values alike, unless a pair
+    // value_page_stride (a kv_elements pair only): from detail::paged_value_plane.
     kv_scales scales{};  ///< what stored keys and values are multiplied by when read (fp8); 1 and 1 for other types
     attention_visibility mask{};  ///< which present keys a query sees: a window and sinks (backends set it from attention_options)
     const std::int64_t* sequence_ids = nullptr;  ///< host memory, for messages only: the owner's id of entry i; null: none
@@ -86,7 +101,7 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     /// pool the caller owns (a token-major view over vLLM's blocks, say),
     /// page_offsets, page_indices and lengths are the caller's and must
     /// outlive the view; set page_stride afterwards for padded pages.
-    KVCACHE_HOST_DEVICE static constexpr paged_view packed(Element* keys, Element* values, const int* page_offsets,
+    KVCACHE_HOST_DEVICE static constexpr paged_view packed(key_type* keys, value_type* values, const int* page_offsets,
                                                            const int* page_indices, const int* lengths, int sequences,
                                                            int page_size, Heads heads = Heads{}) noexcept {
         paged_view v;
@@ -98,7 +113,9 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
         v.sequences = sequences;
         v.page_size = page_size;
         v.page_shift = detail::power_of_two_shift(page_size);
-        v.page_stride = std::int64_t(heads.kv_heads()) * page_size * row_elements<Element>(Heads::head_dim);
+        v.page_stride = std::int64_t(heads.kv_heads()) * page_size * row_elements<key_type>(Heads::head_dim);
+        if constexpr (is_kv_pair_v<Element>)
+            v.value_page_stride = std::int64_t(heads.kv_heads()) * page_size * row_elements<value_type>(Heads::head_dim);
         static_cast<Heads&>(v) = heads;
         return v;
     }
@@ -120,23 +137,32 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     }
     /// Pool page id holding the sequence's position.
     KVCACHE_HOST_DEVICE int page(int seq, int position) const noexcept { return page_at(seq, stored_row(seq, position)); }
-    /// Element offset of row (seq, kv_head, position) from keys (and from values).
+    /// Element offset of row (seq, kv_head, position) from keys (and from values, unless a pair).
     KVCACHE_HOST_DEVICE std::int64_t offset(int seq, int kv_head, int position) const noexcept {
         return row_offset(seq, kv_head, stored_row(seq, position));
     }
+    /// A pair's value element offset of row (seq, kv_head, position) from values.
+    KVCACHE_HOST_DEVICE std::int64_t value_offset(int seq, int kv_head, int position) const noexcept {
+        return value_row_offset(seq, kv_head, stored_row(seq, position));
+    }
     /// Pool page id holding storage row `row` of the sequence.
     KVCACHE_HOST_DEVICE int page_at(int seq, int row) const noexcept { return page_indices[page_offsets[seq] + page_of(row)]; }
-    /// Element offset of storage row `row` of (seq, kv_head).
+    /// Element offset of storage row `row` of (seq, kv_head) from keys (and values, unless a pair).
     KVCACHE_HOST_DEVICE std::int64_t row_offset(int seq, int kv_head, int row) const noexcept {
-        if constexpr (Order == page_order::head_major)
-            return page_at(seq, row) * page_stride + (std::int64_t(kv_head) * page_size + row_of(row)) * row_elements<Element>(Heads::head_dim);
-        else
-            return page_at(seq, row) * page_stride + (std::int64_t(row_of(row)) * this->kv_heads() + kv_head) * row_elements<Element>(Heads::head_dim);
+        return plane_offset(seq, kv_head, row, page_stride, row_elements<key_type>(Heads::head_dim));
     }
-    /// Elements from one row of a page to the next.
-    KVCACHE_HOST_DEVICE constexpr int row_stride() const noexcept {
-        if constexpr (Order == page_order::head_major) return row_elements<Element>(Heads::head_dim);
-        else return this->kv_heads() * row_elements<Element>(Heads::head_dim);
+    /// A pair's value element offset of storage row `row` of (seq, kv_head) from values.
+    KVCACHE_HOST_DEVICE std::int64_t value_row_offset(int seq, int kv_head, int row) const noexcept {
+        if constexpr (is_kv_pair_v<Element>)
+            return plane_offset(seq, kv_head, row, this->value_page_stride, row_elements<value_type>(Heads::head_dim));
+        else
+            return row_offset(seq, kv_head, row);
+    }
+    /// Elements from one (key) row of a page to the next.
+    KVCACHE_HOST_DEVICE constexpr int row_stride() const noexcept { return rows_apart(row_elements<key_type>(Heads::head_dim)); }
+    /// Value elements from one row of a page to the next.
+    KVCACHE_HOST_DEVICE constexpr int value_row_stride() const noexcept {
+        return rows_apart(row_elements<value_type>(Heads::head_dim));
     }
 
     /// From visible_begin to the end of its page (or of the sequence); in a
@@ -145,29 +171,47 @@ struct paged_view : detail::view_rows<paged_view<Element, Heads, Order>, Element
     KVCACHE_HOST_DEVICE position_run<Element> run(int seq, int kv_head, int visible_begin) const noexcept {
         const int n = visible_count(seq);
         const int p = visible_position(seq, visible_begin);
-        if (visible_begin >= n) return this->no_rows(visible_begin, p, row_stride());
+        if (visible_begin >= n) return this->no_rows(visible_begin, p, row_stride(), value_row_stride());
         const int to_page_end = page_size - row_of(visible_begin);
         const int count = this->consecutive_rows(seq, visible_begin, p, n - visible_begin < to_page_end ? n - visible_begin : to_page_end);
-        position_run<Element> r = this->no_rows(visible_begin, p, row_stride());
+        position_run<Element> r = this->no_rows(visible_begin, p, row_stride(), value_row_stride());
         const std::int64_t at = row_offset(seq, kv_head, visible_begin);
         r.keys = this->keys + at;
-        r.values = this->values + at;
+        if constexpr (is_kv_pair_v<Element>) r.values = this->values + value_row_offset(seq, kv_head, visible_begin);
+        else r.values = this->values + at;
         r.count = count;
         return r;
     }
 
     KVCACHE_HOST_DEVICE attention_visibility visibility() const noexcept { return mask; }
 
+    /// Offset of storage row `row` of (seq, kv_head) in a plane whose pages
+    /// are plane_stride elements apart and whose rows are row_length long.
+    KVCACHE_HOST_DEVICE std::int64_t plane_offset(int seq, int kv_head, int row, std::int64_t plane_stride,
+                                                  int row_length) const noexcept {
+        if constexpr (Order == page_order::head_major)
+            return page_at(seq, row) * plane_stride + (std::int64_t(kv_head) * page_size + row_of(row)) * row_length;
+        else
+            return page_at(seq, row) * plane_stride + (std::int64_t(row_of(row)) * this->kv_heads() + kv_head) * row_length;
+    }
+    /// Elements from one row of a page to the next, for rows row_length long.
+    KVCACHE_HOST_DEVICE constexpr int rows_apart(int row_length) const noexcept {
+        if constexpr (Order == page_order::head_major) return row_length;
+        else return this->kv_heads() * row_length;
+    }
+
     /// The same view over other key and value bases of the same element
     /// (const Element for a read-only view; see read_only()).
     /// @tparam To Element, or Element with const added or removed
     template <class To>
-    KVCACHE_HOST_DEVICE constexpr paged_view<To, Heads, Order> with_elements(To* new_keys, To* new_values) const noexcept {
+    KVCACHE_HOST_DEVICE constexpr paged_view<To, Heads, Order> with_elements(key_element_t<To>* new_keys,
+                                                                             value_element_t<To>* new_values) const noexcept {
         static_assert(std::is_same_v<std::remove_const_t<To>, std::remove_const_t<Element>>,
                       "kvcache: with_elements changes only the elements' constness");
         auto v = paged_view<To, Heads, Order>::packed(new_keys, new_values, page_offsets, page_indices, lengths,
                                                       sequences, page_size, this->head_counts());
         v.page_stride = page_stride;
+        if constexpr (is_kv_pair_v<Element>) v.value_page_stride = this->value_page_stride;
         v.dropped = dropped;
         v.kept_offsets = kept_offsets;
         v.kept_positions = kept_positions;
@@ -187,6 +231,10 @@ static_assert(is_layout_view_v<paged_view<half, head_config<4, 2, 16>>>, "paged_
 static_assert(is_layout_view_v<paged_view<const half, head_config<4, 2, 16>>>, "a read-only paged_view must satisfy the layout interface");
 static_assert(is_layout_view_v<paged_view<half, head_config<4, 2, 16>, page_order::token_major>>,
               "a token-major paged_view must satisfy the layout interface");
+static_assert(is_layout_view_v<paged_view<kv_elements<qint8, qint4>, head_config<4, 2, 32>>>,
+              "a paged_view of a K/V pair must satisfy the layout interface");
+static_assert(is_layout_view_v<paged_view<const kv_elements<half, qint4>, head_config<4, 2, 32>>>,
+              "a read-only paged_view of a K/V pair must satisfy the layout interface");
 
 /// A paged view over token-major pages, [page][token_in_page][kv_head][head_dim].
 /// @tparam Element stored element type  @tparam Heads a head_config

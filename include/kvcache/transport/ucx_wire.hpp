@@ -69,7 +69,7 @@ std::vector<unsigned char> ucx_header_message(const page_export<Element>& e, std
     ucx_wire_header h{};
     std::memcpy(h.magic, ucx_wire_magic, sizeof h.magic);
     h.version = ucx_wire_version;
-    h.element = std::uint32_t(e.element);
+    h.element = std::uint32_t(encode_kv_kinds(e.element));
     h.user_tag = user_tag;
     h.payload_bytes = e.payload_bytes();
     std::vector<unsigned char> out(sizeof h);
@@ -95,8 +95,9 @@ page_export<Element> ucx_parse_header(span<const unsigned char> message, std::ui
     page_export<Element> e =
         page_export_from_bytes<Element>(span<const unsigned char>(message.data() + sizeof h, message.size() - sizeof h));
     const std::size_t elements = carried_elements(e);
-    require(h.payload_bytes == elements * sizeof(Element), error_code::format_error, "peer ", peer, " announces ",
-            h.payload_bytes, " payload bytes for pages that hold ", elements * sizeof(Element));
+    constexpr std::size_t unit = sizeof(typename page_export<Element>::payload_element);
+    require(h.payload_bytes == elements * unit, error_code::format_error, "peer ", peer, " announces ",
+            h.payload_bytes, " payload bytes for pages that hold ", elements * unit);
     e.payload.resize(elements);
     user_tag = h.user_tag;
     return e;

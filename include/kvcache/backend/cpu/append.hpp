@@ -21,11 +21,21 @@ template <class Layout, class Input>
 void append(thread_pool& pool, const Layout& view, const Input* keys, const Input* values,
             const int* new_token_offsets, const int* positions) {
     using heads = typename Layout::heads;
-    using element = typename Layout::element_type;
     constexpr int dim = heads::head_dim;
     const int batch = view.sequence_count();
     if (batch == 0) return;
     const kv_scales scales = scales_of(view);
+    // One row into its side's stored type (a kv_elements pair's keys and values differ):
+    // copied when it is the input's, else store_row (int8 and int4 rows get their own scales,
+    // exactly as the owners' append quantises them).
+    const auto store = [](const Input* in, auto* out, float layer_scale) {
+        using side = std::remove_pointer_t<decltype(out)>;
+        if constexpr (std::is_same_v<side, Input>) {
+            for (int d = 0; d < dim; ++d) out[d] = in[d];
+        } else {
+            store_row([&](int d) { return to_float(in[d]); }, dim, layer_scale, out);
+        }
+    };
     pool.parallel_for(batch * view.kv_heads(), [&](int item) {
         const int b = item / view.kv_heads(), kv = item % view.kv_heads();
         const int tokens = new_token_offsets[b + 1] - new_token_offsets[b];
@@ -36,20 +46,8 @@ void append(thread_pool& pool, const Layout& view, const Input* keys, const Inpu
             const int position = positions ? positions[row] : length - tokens + t;
             if (positions && !kvcache::detail::is_present(view, b, position)) continue;
             const std::size_t source = (std::size_t(row) * view.kv_heads() + kv) * dim;
-            element* key = view.key(b, kv, position);
-            element* value = view.value(b, kv, position);
-            if constexpr (is_row_quantised_v<element>) {
-                // Each row (int4: each group of 32) gets its own scale, exactly as the owners' append quantises it.
-                quantise_row([&](int d) { return to_float(keys[source + std::size_t(d)]); }, dim, key);
-                quantise_row([&](int d) { return to_float(values[source + std::size_t(d)]); }, dim, value);
-            } else if constexpr (std::is_same_v<element, Input>) {
-                for (int d = 0; d < dim; ++d) key[d] = keys[source + d];
-                for (int d = 0; d < dim; ++d) value[d] = values[source + d];
-            } else {
-                for (int d = 0; d < dim; ++d) key[d] = from_float_scaled<element>(to_float(keys[source + d]), scales.key);
-                for (int d = 0; d < dim; ++d)
-                    value[d] = from_float_scaled<element>(to_float(values[source + d]), scales.value);
-            }
+            store(keys + source, view.key(b, kv, position), scales.key);
+            store(values + source, view.value(b, kv, position), scales.value);
         }
     });
 }

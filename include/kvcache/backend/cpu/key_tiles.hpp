@@ -15,6 +15,7 @@
 #include "kvcache/backend/cpu/row_math.hpp"
 #include "kvcache/backend/cpu/simd.hpp"
 #include "kvcache/core/error.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/stored_row.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
@@ -33,15 +34,24 @@ inline constexpr int prefetch_tiles = 2;
 /// Row pointers and positions of up to tile_keys keys; slots past
 /// count repeat the last row (so fixed-width steps stay in bounds) and carry
 /// position INT_MAX, which no query sees.
-/// @tparam Element the stored element type
-template <class Element>
+/// @tparam Key the stored element type of the key rows
+/// @tparam Value that of the value rows (Key but for a kv_elements pair's tile)
+template <class Key, class Value = Key>
 struct key_tile {
-    const Element* keys[tile_keys];
-    const Element* values[tile_keys];
+    using key_type = Key;
+    using value_type = Value;
+    const Key* keys[tile_keys];
+    const Value* values[tile_keys];
     int positions[tile_keys];
     int count = 0;
     int first_visible = 0;  ///< visible index of keys[0]: a tile's keys are consecutive visible rows
 };
+
+/// The tile type of a layout view's rows (const dropped: tiles only read).
+/// @tparam Layout a layout view
+template <class Layout>
+using tile_of_t = key_tile<std::remove_cv_t<key_element_t<typename Layout::element_type>>,
+                           std::remove_cv_t<value_element_t<typename Layout::element_type>>>;
 
 /// Hands out the visible keys [begin, end) of (sequence, kv_head) tile by
 /// tile, taking each tile's rows from as many consecutive runs as it needs,
@@ -52,13 +62,14 @@ template <class Layout>
 class tile_cursor {
 public:
     using element = typename Layout::element_type;
+    using tile_type = tile_of_t<Layout>;
 
     tile_cursor(const Layout& view, int sequence, int kv_head, int begin, int end, int last_position)
         : view_(view), sequence_(sequence), kv_head_(kv_head), next_(begin), end_(end), last_position_(last_position),
           handed_(begin) {}
 
     /// Fills the tile; false when no key is left.
-    bool fill(key_tile<element>& tile) {
+    bool fill(tile_type& tile) {
         tile.count = 0;
         tile.first_visible = handed_;
         while (tile.count < tile_keys) {
@@ -81,10 +92,10 @@ public:
                 used_ = 0;
             }
             const int n = std::min(tile_keys - tile.count, run_.count - used_);
+            const std::size_t value_stride = std::size_t(value_stride_of(run_));
             for (int i = 0; i < n; ++i) {
-                const std::size_t offset = std::size_t(used_ + i) * std::size_t(run_.stride);
-                tile.keys[tile.count + i] = run_.keys + offset;
-                tile.values[tile.count + i] = run_.values + offset;
+                tile.keys[tile.count + i] = run_.keys + std::size_t(used_ + i) * std::size_t(run_.stride);
+                tile.values[tile.count + i] = run_.values + std::size_t(used_ + i) * value_stride;
                 tile.positions[tile.count + i] = run_.first_position + used_ + i;
             }
             used_ += n;
@@ -109,18 +120,23 @@ private:
 
 /// Asks the cache for every line of the tile's K and V rows t (a qint8
 /// row's scale included: its 4 bytes after the values may start a line of their own).
-template <int Dim, class Element>
-void prefetch_row(const key_tile<Element>& tile, int t) {
-    constexpr int line_elements = int(64 / sizeof(Element));
-    for (int d = 0; d < row_elements<Element>(Dim); d += line_elements) {
-        prefetch(tile.keys[t] + d);
-        prefetch(tile.values[t] + d);
+template <int Dim, class Key, class Value>
+void prefetch_row(const key_tile<Key, Value>& tile, int t) {
+    if constexpr (std::is_same_v<Key, Value>) {  // one loop: K and V lines in turn
+        constexpr int line_elements = int(64 / sizeof(Key));
+        for (int d = 0; d < row_elements<Key>(Dim); d += line_elements) {
+            prefetch(tile.keys[t] + d);
+            prefetch(tile.values[t] + d);
+        }
+    } else {
+        for (int d = 0; d < row_elements<Key>(Dim); d += int(64 / sizeof(Key))) prefetch(tile.keys[t] + d);
+        for (int d = 0; d < row_elements<Value>(Dim); d += int(64 / sizeof(Value))) prefetch(tile.values[t] + d);
     }
 }
 
 /// Asks the cache for every line of the tile's K and V rows at once.
-template <int Dim, class Element>
-void prefetch_tile(const key_tile<Element>& tile) {
+template <int Dim, class Key, class Value>
+void prefetch_tile(const key_tile<Key, Value>& tile) {
     for (int t = 0; t < tile.count; ++t) prefetch_row<Dim>(tile, t);
 }
 
@@ -136,12 +152,13 @@ struct tile_scales {
     float values[tile_keys];
 };
 
-/// Reads the scale stored after each of the tile's K and V rows (qint8 tiles only).
-template <int Dim>
-void read_tile_scales(const key_tile<qint8>& tile, tile_scales& scales) noexcept {
+/// Reads the scale stored after each of the tile's qint8 K rows and qint8 V
+/// rows (a side of another type keeps its scales unread).
+template <int Dim, class Key, class Value>
+void read_tile_scales(const key_tile<Key, Value>& tile, tile_scales& scales) noexcept {
     for (int t = 0; t < tile_keys; ++t) {
-        scales.keys[t] = row_scale_of(tile.keys[t], Dim);
-        scales.values[t] = row_scale_of(tile.values[t], Dim);
+        if constexpr (has_row_scales_v<Key>) scales.keys[t] = row_scale_of(tile.keys[t], Dim);
+        if constexpr (has_row_scales_v<Value>) scales.values[t] = row_scale_of(tile.values[t], Dim);
     }
 }
 
@@ -152,10 +169,10 @@ void read_tile_scales(const key_tile<qint8>& tile, tile_scales& scales) noexcept
 /// K and V rows of the same slots, so the next tile's misses are spread over
 /// this tile's arithmetic (a whole tile asked at once fills the core's miss
 /// queue and stalls it, measured in docs/performance.md).
-/// @tparam Ahead the stored element type of `ahead` (a widened tile's is its stored type)
-template <int Rows, int Dim, class Element, class Ahead = Element>
-void tile_scores(const float* queries, const key_tile<Element>& tile, int keys, float* scores,
-                 const float* key_scales = nullptr, const key_tile<Ahead>* ahead = nullptr) {
+/// @tparam Ahead the tile type of `ahead` (a widened tile's is its stored one)
+template <int Rows, int Dim, class Element, class Value, class Ahead = key_tile<Element, Value>>
+void tile_scores(const float* queries, const key_tile<Element, Value>& tile, int keys, float* scores,
+                 const float* key_scales = nullptr, const Ahead* ahead = nullptr) {
     using vec = typename vector_for<Dim>::type;
     constexpr int chunks = Dim / vec::lanes;
     // Keys per step: as many as keep Rows x step accumulators within half the registers.
@@ -211,8 +228,9 @@ void tile_scores(const float* queries, const key_tile<Element>& tile, int keys, 
 /// accumulators[r] = accumulators[r] * rescale[r] + sum_t weights[r][t] v_t
 /// for Rows rows over the first `keys` keys of the tile. For a qint8 tile
 /// value_scales[t] folds into the weight, so the unscaled row is used as loaded.
-template <int Rows, int Dim, class Element>
-void tile_values(const float* weights, const float* rescale, const key_tile<Element>& tile, int keys,
+/// (Element: the value rows' stored type; the key rows' is not read.)
+template <int Rows, int Dim, class Key, class Element>
+void tile_values(const float* weights, const float* rescale, const key_tile<Key, Element>& tile, int keys,
                  float* accumulators, const float* value_scales = nullptr) {
     using vec = typename vector_for<Dim>::type;
     constexpr int chunks = Dim / vec::lanes;

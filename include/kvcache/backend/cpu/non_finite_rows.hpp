@@ -29,9 +29,10 @@ constexpr std::uint32_t full_tile_mask(int count) noexcept {
 /// infinity somewhere, as attention reads it (an int8 row through its NaN
 /// scale, an int4 row through its NaN group records).
 /// @tparam Dim head dimension
-/// @tparam Element the stored element type
-template <int Dim, class Element>
-std::uint32_t non_finite_values(const key_tile<Element>& tile) noexcept {
+/// @tparam Key the tile's key type (not read)
+/// @tparam Value the stored element type of its value rows
+template <int Dim, class Key, class Value>
+std::uint32_t non_finite_values(const key_tile<Key, Value>& tile) noexcept {
     std::uint32_t found = 0;
     float row[Dim];
     for (int t = 0; t < tile.count; ++t) {
@@ -55,11 +56,12 @@ const Element* zero_row() noexcept {
 
 /// The tile with the value rows of `keys` (bit t: key t) replaced by zero_row.
 /// @tparam Dim head dimension
-/// @tparam Element the stored element type
-template <int Dim, class Element>
-key_tile<Element> with_zero_values(key_tile<Element> tile, std::uint32_t keys) noexcept {
+/// @tparam Key the tile's key type
+/// @tparam Value the stored element type of its value rows
+template <int Dim, class Key, class Value>
+key_tile<Key, Value> with_zero_values(key_tile<Key, Value> tile, std::uint32_t keys) noexcept {
     for (int t = 0; t < tile.count; ++t)
-        if ((keys >> t) & 1u) tile.values[t] = zero_row<Dim, Element>();
+        if ((keys >> t) & 1u) tile.values[t] = zero_row<Dim, Value>();
     return tile;
 }
 

@@ -227,20 +227,20 @@ public:
     template <class Layout>
     void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
                 score_record* record = nullptr) {
-        using element = typename Layout::element_type;
+        using tile = tile_of_t<Layout>;
         constexpr int ring = prefetch_tiles + 1;
         const attention_visibility visibility = view.visibility();
         lowest_position_ = *std::min_element(positions_.begin(), positions_.end());
         highest_position_ = *std::max_element(positions_.begin(), positions_.end());
         tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, highest_position_);
-        auto next_seen = [&](key_tile<element>& tile, std::uint32_t* masks) {
+        auto next_seen = [&](tile& tile, std::uint32_t* masks) {
             while (cursor.fill(tile))
                 if (visibility_masks(tile, visibility, masks)) return true;
             return false;
         };
         // A ring of tiles: the one computed now and the ones whose rows were
         // asked of memory ahead of it, as in tile_attention.
-        key_tile<element> tiles[ring];
+        tile tiles[ring];
         int filled = 0;
         while (filled < ring && next_seen(tiles[filled], slot_masks(filled))) {
             if (filled > 0) prefetch_tile<Dim>(tiles[filled]);
@@ -280,8 +280,8 @@ private:
     std::uint32_t* slot_masks(int slot) noexcept { return masks_.data() + std::size_t(slot) * rows_; }
 
     /// Bit t of masks[r]: row r sees key t of the tile. True when any row sees any key.
-    template <class Element>
-    bool visibility_masks(const key_tile<Element>& tile, const attention_visibility& visibility,
+    template <class Tile>
+    bool visibility_masks(const Tile& tile, const attention_visibility& visibility,
                           std::uint32_t* masks) const {
         // Keys ascend by position within a tile: when the last is at or
         // before every row and no window cuts any of them (every tile before
@@ -311,42 +311,40 @@ private:
     /// Float row pointers of the tile's keys and values: a 16-bit, fp8 or
     /// int8 tile is widened once here, for every row of the block (int8
     /// without its row scales, which fold applies; int4 dequantised whole,
-    /// group scales and minima included).
+    /// group scales and minima included); a kv_elements pair's sides each as its type asks.
+    template <class Key, class Value>
+    void float_rows(const key_tile<Key, Value>& tile, const float** keys, const float** values) {
+        if constexpr (!std::is_same_v<Key, float> || !std::is_same_v<Value, float>)
+            if (widened_.empty()) widened_.resize(std::size_t(2) * tile_keys * Dim);
+        for (int t = 0; t < tile.count; ++t) {
+            keys[t] = float_row(tile.keys[t], widened_.data() + std::size_t(t) * Dim);
+            values[t] = float_row(tile.values[t], widened_.data() + std::size_t(tile_keys + t) * Dim);
+        }
+    }
+
+    /// A stored row as float: the row itself for float, else widened into `room` (Dim floats).
     template <class Element>
-    void float_rows(const key_tile<Element>& tile, const float** keys, const float** values) {
+    static const float* float_row(const Element* row, float* room) {
         if constexpr (std::is_same_v<Element, float>) {
-            for (int t = 0; t < tile.count; ++t) {
-                keys[t] = tile.keys[t];
-                values[t] = tile.values[t];
-            }
+            (void)room;
+            return row;
         } else {
             using vec = typename vector_for<Dim % 8 == 0 ? Dim : 8>::type;
-            if (widened_.empty()) widened_.resize(std::size_t(2) * tile_keys * Dim);
-            for (int t = 0; t < tile.count; ++t) {
-                float* key = widened_.data() + std::size_t(t) * Dim;
-                float* value = key + std::size_t(tile_keys) * Dim;
-                if constexpr (std::is_same_v<Element, qint4>) {
-                    dequantise_row<Dim>(tile.keys[t], key);
-                    dequantise_row<Dim>(tile.values[t], value);
-                } else if constexpr (Dim % 8 == 0) {
-                    for (int d = 0; d < Dim; d += vec::lanes) {
-                        vec::load(tile.keys[t] + d).store(key + d);
-                        vec::load(tile.values[t] + d).store(value + d);
-                    }
-                } else {
-                    widen(tile.keys[t], key, Dim);
-                    widen(tile.values[t], value, Dim);
-                }
-                keys[t] = key;
-                values[t] = value;
+            if constexpr (std::is_same_v<Element, qint4>) {
+                dequantise_row<Dim>(row, room);
+            } else if constexpr (Dim % 8 == 0) {
+                for (int d = 0; d < Dim; d += vec::lanes) vec::load(row + d).store(room + d);
+            } else {
+                widen(row, room, Dim);
             }
+            return room;
         }
     }
 
     /// One tile into every row: S = Q K^T, the mask and soft cap, the
     /// online-softmax update lane-wise over rows, then O = O * rescale + P V.
-    template <class Element>
-    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap, score_record* record) {
+    template <class Key, class Value>
+    void fold(const key_tile<Key, Value>& tile, const std::uint32_t* masks, float soft_cap, score_record* record) {
         const float minus_infinity = kvcache::detail::negative_infinity();
         const int count = tile.count;
         const float* keys[tile_keys];
@@ -361,11 +359,9 @@ private:
                 score_rows<decltype(n)::value, Dim>(queries_.data() + r0, stride, keys, count, scores + r0);
             });
         }
-        tile_scales scales;  // a qint8 tile's row scales: each key's scores times its K scale
-        if constexpr (has_row_scales_v<Element>) {
-            read_tile_scales<Dim>(tile, scales);
-            scale_key_rows(scores, count, stride, scales.keys);
-        }
+        tile_scales scales;  // a qint8 side's row scales: each key's scores times its K scale
+        if constexpr (has_row_scales_v<Key> || has_row_scales_v<Value>) read_tile_scales<Dim>(tile, scales);
+        if constexpr (has_row_scales_v<Key>) scale_key_rows(scores, count, stride, scales.keys);
         if (soft_cap > 0.0f)
             for (int t = 0; t < count; ++t)
                 for (int r = 0; r < rows_; ++r)
@@ -406,7 +402,7 @@ private:
         // The weights are relative to the base just subtracted (0 for a row that saw nothing yet).
         if (record) record->add(tile.first_visible, count, scores, 1, stride, new_max);
         // The V scales fold into the weights, after the sums and the record took them unscaled.
-        if constexpr (has_row_scales_v<Element>) scale_key_rows(scores, count, stride, scales.values);
+        if constexpr (has_row_scales_v<Value>) scale_key_rows(scores, count, stride, scales.values);
         // A NaN or infinite value row of a tile some row sees in part
         // (non_finite_rows.hpp) is left out of the products, its weight 0
         // for the rows that do not see it, and added after to those that do.

@@ -70,13 +70,15 @@ public:
     template <class Layout>
     void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
                 score_record* record = nullptr) {
-        using element = typename Layout::element_type;
-        if constexpr (int4_nibble_order_v<element, Dim>) {
-            // The walk reads int4 rows in nibble order: queries and
-            // accumulators take it for the walk and give it back after.
-            reorder_rows(/*to_nibble_order=*/true);
+        using tile = tile_of_t<Layout>;
+        // The walk reads int4 rows in nibble order: the queries (int4 keys)
+        // and the accumulators (int4 values) take it for the walk and give it back after.
+        constexpr bool keys_reordered = int4_nibble_order_v<typename tile::key_type, Dim>;
+        constexpr bool values_reordered = int4_nibble_order_v<typename tile::value_type, Dim>;
+        if constexpr (keys_reordered || values_reordered) {
+            reorder_rows(keys_reordered, values_reordered, /*to_nibble_order=*/true);
             walk(view, sequence, kv_head, begin, end, soft_cap, record);
-            reorder_rows(/*to_nibble_order=*/false);
+            reorder_rows(keys_reordered, values_reordered, /*to_nibble_order=*/false);
         } else {
             walk(view, sequence, kv_head, begin, end, soft_cap, record);
         }
@@ -116,29 +118,28 @@ private:
     template <class Layout>
     void walk(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
               score_record* record) {
-        using element = typename Layout::element_type;
+        using tile = tile_of_t<Layout>;
         const attention_visibility visibility = view.visibility();
         const int last_position = *std::max_element(positions_.begin(), positions_.end());
         tile_cursor<Layout> cursor(view, sequence, kv_head, begin, end, last_position);
-        auto next_seen = [&](key_tile<element>& tile, std::uint32_t* masks) {
+        auto next_seen = [&](tile& tile, std::uint32_t* masks) {
             while (cursor.fill(tile))
                 if (visibility_masks(tile, visibility, masks)) return true;
             return false;
         };
         // Two tiles: the one computed now and the next, asked of memory
         // while the current one is scored. The first is asked at once.
-        key_tile<element> tiles[decode_ring];
+        tile tiles[decode_ring];
         if (!next_seen(tiles[0], slot_masks(0))) return;
         prefetch_tile<Dim>(tiles[0]);
         for (int current = 0;; current ^= 1) {
             const int next = current ^ 1;
             const bool more = next_seen(tiles[next], slot_masks(next));
-            const key_tile<element>* ahead = more ? &tiles[next] : nullptr;
+            const tile* ahead = more ? &tiles[next] : nullptr;
             // 16-bit and fp8 rows past two row blocks; int8 and int4 rows are
             // always read in place, their widening costs a few instructions a
             // vector and their scales stay per row (int4: per group, load_int4).
-            if constexpr (!std::is_same_v<element, float> && !has_row_scales_v<element> &&
-                          !std::is_same_v<element, qint4>) {
+            if constexpr (widens_v<typename tile::key_type> || widens_v<typename tile::value_type>) {
                 if (rows_ > widen_tile_rows) {
                     fold(widened(tiles[current]), slot_masks(current), soft_cap, record, ahead);
                 } else {
@@ -151,11 +152,12 @@ private:
         }
     }
 
-    /// Puts every query row and accumulator into int4 nibble order (or back to d order).
-    void reorder_rows(bool to_nibble_order) {
+    /// Puts the query rows (queries) and the accumulators (accumulators) into
+    /// int4 nibble order, or back to d order.
+    void reorder_rows(bool queries_too, bool accumulators_too, bool to_nibble_order) {
         float row[Dim];
-        for (float* rows : {queries(), accumulators()})
-            for (int r = 0; r < rows_; ++r) {
+        for (float* rows : {queries_too ? queries() : nullptr, accumulators_too ? accumulators() : nullptr})
+            for (int r = 0; rows && r < rows_; ++r) {
                 float* at = rows + std::size_t(r) * Dim;
                 for (int p = 0; p < Dim; ++p) {
                     if (to_nibble_order) row[p] = at[int4_nibble_index(p)];
@@ -166,8 +168,8 @@ private:
     }
 
     /// Bit t of masks[r]: row r sees key t of the tile. True when any row sees any key.
-    template <class Element>
-    bool visibility_masks(const key_tile<Element>& tile, const attention_visibility& visibility,
+    template <class Tile>
+    bool visibility_masks(const Tile& tile, const attention_visibility& visibility,
                           std::uint32_t* masks) const {
         std::uint32_t any = 0;
         for (int r = 0; r < rows_; ++r) {
@@ -184,29 +186,45 @@ private:
         return any != 0;
     }
 
-    /// The tile with its 16-bit or fp8 rows converted once into float rows (same positions).
-    /// @tparam Element kvcache::half, kvcache::bfloat16 or an fp8 type
+    /// True for the stored types whose tiles widened() converts (16-bit and
+    /// fp8): float is read as it is, int8 and int4 in place.
     template <class Element>
-    key_tile<float> widened(const key_tile<Element>& tile) {
+    static constexpr bool widens_v =
+        !std::is_same_v<Element, float> && !has_row_scales_v<Element> && !std::is_same_v<Element, qint4>;
+    /// What a side of a widened tile holds: float for the types widened() converts.
+    template <class Element>
+    using widened_t = std::conditional_t<widens_v<Element>, float, Element>;
+
+    /// The tile with its 16-bit or fp8 rows converted once into float rows
+    /// (same positions); a side of another type (a kv_elements pair's) keeps its rows.
+    /// @tparam Key, Value the tile's stored types, one of them kvcache::half, kvcache::bfloat16 or an fp8 type
+    template <class Key, class Value>
+    key_tile<widened_t<Key>, widened_t<Value>> widened(const key_tile<Key, Value>& tile) {
         using vec = typename vector_for<Dim>::type;
         if (widened_.empty()) widened_.resize(std::size_t(2) * tile_keys * Dim);
-        key_tile<float> result;
+        key_tile<widened_t<Key>, widened_t<Value>> result;
         result.count = tile.count;
         result.first_visible = tile.first_visible;
         for (int t = 0; t < tile_keys; ++t) {
             float* key = widened_.data() + std::size_t(t) * Dim;
             float* value = key + std::size_t(tile_keys) * Dim;
-            result.keys[t] = key;
-            result.values[t] = value;
             result.positions[t] = tile.positions[t];
             if (t >= tile.count) {  // padding repeats the last row, as key_tile promises
                 result.keys[t] = result.keys[tile.count - 1];
                 result.values[t] = result.values[tile.count - 1];
                 continue;
             }
-            for (int d = 0; d < Dim; d += vec::lanes) {
-                vec::load(tile.keys[t] + d).store(key + d);
-                vec::load(tile.values[t] + d).store(value + d);
+            if constexpr (widens_v<Key>) {
+                for (int d = 0; d < Dim; d += vec::lanes) vec::load(tile.keys[t] + d).store(key + d);
+                result.keys[t] = key;
+            } else {
+                result.keys[t] = tile.keys[t];
+            }
+            if constexpr (widens_v<Value>) {
+                for (int d = 0; d < Dim; d += vec::lanes) vec::load(tile.values[t] + d).store(value + d);
+                result.values[t] = value;
+            } else {
+                result.values[t] = tile.values[t];
             }
         }
         return result;
@@ -215,15 +233,15 @@ private:
     /// One tile into every row that sees part of it: scores, mask and soft
     /// cap, the online-softmax update, and the weighted values. ahead
     /// (nullable): the tile folded next, asked of memory during the scores.
-    template <class Element, class Ahead>
-    void fold(const key_tile<Element>& tile, const std::uint32_t* masks, float soft_cap, score_record* record,
-              const key_tile<Ahead>* ahead) {
+    template <class Key, class Value, class Ahead>
+    void fold(const key_tile<Key, Value>& tile, const std::uint32_t* masks, float soft_cap, score_record* record,
+              const Ahead* ahead) {
         const float minus_infinity = kvcache::detail::negative_infinity();
         // Fixed-width steps over the tile: whole groups of 8 for the lane reductions.
         const int keys = (tile.count + 7) / 8 * 8;
         float* const all_scores = scores();
-        tile_scales scales;  // a qint8 tile's row scales (unread otherwise)
-        if constexpr (has_row_scales_v<Element>) read_tile_scales<Dim>(tile, scales);
+        tile_scales scales;  // a qint8 side's row scales (unread otherwise)
+        if constexpr (has_row_scales_v<Key> || has_row_scales_v<Value>) read_tile_scales<Dim>(tile, scales);
         for (int r0 = 0; r0 < rows_; r0 += row_block) {
             const int rows = std::min(row_block, rows_ - r0);
             if (!any_seen(masks + r0, rows)) continue;

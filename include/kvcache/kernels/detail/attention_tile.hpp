@@ -3,10 +3,10 @@
 // a layout run) through shared memory, scores it against the block's query rows,
 // folds it into each row's online softmax (FP32) and into the accumulators.
 // Row r is head r % Group of token r / Group; decode holds one token (Rows == Group).
-// int8 rows (RowScales) are widened to their integers in the tile; each row's
+// int8 rows (KeyScales, ValueScales) are widened to their integers in the tile; each row's
 // scale goes to shared memory beside the tile and is applied once per (query
 // row, key): a key's multiplies its logit, a value's its softmax weight (the
-// running sum keeps the unscaled weight). int4 rows (RowScales too) are
+// running sum keeps the unscaled weight). int4 rows (row factors too) are
 // dequantised in the tile loads with their groups' records (load_row8); their
 // row factor is 1, or NaN for a row that reads NaN, whose values load as zeros.
 // Every other type's NaN or infinite value row holds its NaN in its values: a
@@ -69,12 +69,16 @@ KVCACHE_HOST_DEVICE KVCACHE_FORCE_INLINE float output_scale(const Layout& view) 
 /// @tparam Dim head dimension (a multiple of 8)
 /// @tparam Tile keys per shared-memory tile (at most 32: one key per lane)
 /// @tparam BlockThreads threads per block
-/// @tparam RowScales true when rows carry their own factor (qint8: its scale;
-///         qint4: 1, or NaN for a NaN row; see row_factor)
-template <int Rows, int Group, int Dim, int Tile, int BlockThreads, bool RowScales = false>
+/// @tparam KeyScales true when key rows carry their own factor (qint8: its
+///         scale; qint4: 1, or NaN for a NaN row; see row_factor)
+/// @tparam ValueScales the same for value rows (KeyScales but for a kv_elements pair)
+template <int Rows, int Group, int Dim, int Tile, int BlockThreads, bool KeyScales = false,
+          bool ValueScales = KeyScales>
 struct attention_tile {
+    static constexpr bool has_row_factors = KeyScales || ValueScales;  ///< either side carries row factors
     static constexpr int pitch = Dim + 1;  // key rows padded: the score loop reads a column across lanes
     static constexpr int per_thread = (Rows * Dim + BlockThreads - 1) / BlockThreads;
+    static constexpr int row_scales_count = has_row_factors ? 2 * Tile : 0;  ///< floats of the row-scale region
 
     // Shared memory: queries (reused for the normalised outputs), key tile,
     // value tile, scores, and per-row max / sum / rescale factor.
@@ -87,11 +91,11 @@ struct attention_tile {
     /// then the lowest and the highest: read from shared memory, so explicit and
     /// consecutive positions cost the same registers.
     static constexpr std::size_t position_offset = align16(stats_offset + sizeof(float) * 3 * Rows);
-    /// The tile's row scales (RowScales only): Tile key scales, then Tile value scales.
+    /// The tile's row scales (has_row_factors only): Tile key scales, then Tile value scales.
     static constexpr std::size_t row_scale_offset = align16(position_offset + sizeof(int) * (Rows + 2));
     /// Dynamic shared memory a launch needs.
     static constexpr std::size_t shared_bytes =
-        RowScales ? align16(row_scale_offset + sizeof(float) * 2 * Tile) : row_scale_offset;
+        has_row_factors ? align16(row_scale_offset + sizeof(float) * 2 * Tile) : row_scale_offset;
 
     /// Every row's running max to -inf and sum to 0; this thread's accumulators to 0.
     /// The caller syncs the block before the first step.
@@ -118,22 +122,23 @@ struct attention_tile {
                                                               Scores& scores, Stats& stats,
                                                               float (&accumulators)[per_thread]) {
         const int thread = ctx.thread_index(), lane = ctx.lane(), warp = ctx.warp(), warps = ctx.warp_count();
-        auto row_scales = ctx.template shared_array<float>(row_scale_offset, RowScales ? 2 * Tile : 0);
+        auto row_scales = ctx.template shared_array<float>(row_scale_offset, row_scales_count);
         bool loaded_non_finite = false;  // a value piece this thread loaded holds a NaN or an infinity
+        const int value_stride = value_stride_of(run);
         for (int i = thread; i < n * (Dim / 8); i += BlockThreads) {
             const int t = i / (Dim / 8), c = (i % (Dim / 8)) * 8;
-            const Element* key = run.keys + std::size_t(t) * run.stride;
-            const Element* value = run.values + std::size_t(t) * run.stride;
+            const auto* key = run.keys + std::size_t(t) * run.stride;
+            const auto* value = run.values + std::size_t(t) * value_stride;
             float x[8];
             load_row8<Dim>(ctx, key, c, x);
             for (int j = 0; j < 8; ++j) keys[t * pitch + c + j] = x[j];
             load_row8<Dim>(ctx, value, c, x);
             for (int j = 0; j < 8; ++j) values[t * Dim + c + j] = x[j];
-            if constexpr (RowScales) {
-                if (c == 0) {  // the thread of the row's first piece
-                    row_scales[t] = row_factor<Dim>(key);
-                    row_scales[Tile + t] = row_factor<Dim>(value);
-                }
+            if constexpr (KeyScales) {
+                if (c == 0) row_scales[t] = row_factor<Dim>(key);  // the thread of the row's first piece
+            }
+            if constexpr (ValueScales) {
+                if (c == 0) row_scales[Tile + t] = row_factor<Dim>(value);
             } else {
                 loaded_non_finite = loaded_non_finite || any_non_finite8(x);
             }
@@ -144,9 +149,9 @@ struct attention_tile {
             return token < tokens && visibility.allows(positions[token], run.first_position + t);
         };
         // True in every thread when the tile holds a NaN or infinite value (never for
-        // RowScales types: their rows' NaN is in the row factor, applied to nonzero weights only).
+        // ValueScales types: their rows' NaN is in the row factor, applied to nonzero weights only).
         bool tile_non_finite = false;
-        if constexpr (RowScales) ctx.sync_block();
+        if constexpr (ValueScales) ctx.sync_block();
         else tile_non_finite = ctx.sync_block_or(loaded_non_finite);
         for (int i = thread; i < Rows * Tile; i += BlockThreads) {
             const int r = i / Tile, t = i % Tile, token = r / Group;
@@ -154,7 +159,7 @@ struct attention_tile {
             if (t < n && sees(token, t)) {
                 float dot = 0.0f;
                 for (int d = 0; d < Dim; ++d) dot += queries[r * Dim + d] * keys[t * pitch + d];
-                if constexpr (RowScales) dot *= row_scales[t];
+                if constexpr (KeyScales) dot *= row_scales[t];
                 score = apply_soft_cap(dot, soft_cap);
             }
             scores[i] = score;
@@ -167,7 +172,7 @@ struct attention_tile {
             const float new_max = block_max > old_max ? block_max : old_max;
             const float weight = exp_difference(score, new_max);
             const float sum = ctx.warp_sum(weight);
-            if constexpr (RowScales) {
+            if constexpr (ValueScales) {
                 // A weight of 0 (a key this row does not see, a slot past the tile) stays 0: a
                 // NaN scale (a row that held a NaN) must not reach rows that never see it.
                 if (lane < Tile) scores[r * Tile + lane] = weight != 0.0f ? weight * row_scales[Tile + lane] : 0.0f;

@@ -18,8 +18,8 @@ using namespace kvcache;
 
 TEST_CASE("configuration products enumerate layouts x elements x heads, layouts outermost") {
     static_assert(preset_configurations::size == 36);
-    static_assert(test_configurations::size == 35);
-    static_assert(dynamic_configurations::size == 105);  // 3 layouts x 7 storage types x 5 head dims
+    static_assert(test_configurations::size == 37);
+    static_assert(dynamic_configurations::size == 150);  // 3 layouts x (7 storage types + 3 K/V pairs) x 5 head dims
     using list = configuration_product_t<type_list<paged_layout>, all_elements, type_list<head_config<4, 2, 8>>>;
     static_assert(std::is_same_v<list, type_list<configuration<paged_layout, float, head_config<4, 2, 8>>,
                                                  configuration<paged_layout, half, head_config<4, 2, 8>>,

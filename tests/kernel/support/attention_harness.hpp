@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvcache/backend/reference.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/memory.hpp"
 #include "scatter_layout.hpp"
 
@@ -197,7 +198,7 @@ inline std::string heads_name(int q, int kv, int d) {
 template <class Factory, class Element, class Heads, class Query = Element, class Backend>
 void check_attention(const Backend& backend, const std::string& backend_name, const Heads& counts = Heads{},
                      const std::vector<context_case>& cases = standard_cases()) {
-    const std::string type = element_traits<Element>::name;
+    const std::string type = element_name<Element>();
     const std::string query_type = element_traits<Query>::name;
     const std::string heads = heads_name(counts.query_heads(), counts.kv_heads(), Heads::head_dim) +
                               (Heads::static_counts ? "" : " (dynamic)");
@@ -258,7 +259,11 @@ void check_attention(const Backend& backend, const std::string& backend_name, co
 template <class Factory, class Element, class Heads, class Input = Element, class Backend>
 void check_append(const Backend& backend, const std::string& backend_name, const Heads& counts = Heads{},
                   const std::vector<context_case>& cases = standard_cases()) {
-    const std::string type = element_traits<Element>::name;
+    const std::string type = element_name<Element>();
+    // A stored row's bytes, an int8 row's scale and int4's group records too (a K/V pair's each side's).
+    constexpr std::size_t key_bytes = row_elements<key_element_t<Element>>(Heads::head_dim) * sizeof(key_element_t<Element>);
+    constexpr std::size_t value_bytes =
+        row_elements<value_element_t<Element>>(Heads::head_dim) * sizeof(value_element_t<Element>);
     unsigned seed = 101;
     for (const context_case& c : cases) {
         for (const bool explicit_positions : {false, true}) {
@@ -294,11 +299,10 @@ void check_append(const Backend& backend, const std::string& backend_name, const
             for (int b = 0; b < view.sequence_count(); ++b)
                 for (int i = 0; i < view.visible_count(b); ++i) {
                     const int p = view.visible_position(b, i);
-                    for (int h = 0; h < counts.kv_heads(); ++h)
-                        for (int d = 0; d < row_elements<Element>(Heads::head_dim); ++d) {  // an int8 row's scale too
-                            mismatches += std::memcmp(&view.key(b, h, p)[d], &expected_view.key(b, h, p)[d], sizeof(Element)) != 0;
-                            mismatches += std::memcmp(&view.value(b, h, p)[d], &expected_view.value(b, h, p)[d], sizeof(Element)) != 0;
-                        }
+                    for (int h = 0; h < counts.kv_heads(); ++h) {
+                        mismatches += std::memcmp(view.key(b, h, p), expected_view.key(b, h, p), key_bytes) != 0;
+                        mismatches += std::memcmp(view.value(b, h, p), expected_view.value(b, h, p), value_bytes) != 0;
+                    }
                 }
             CHECK(mismatches == 0);
         }

@@ -164,7 +164,7 @@ void check_cascade(const Backend& backend, const std::string& name) {
     using namespace kvcache;
     using heads = head_config<8, 2, 32>;
     constexpr int dim = heads::head_dim, row = heads::kv_heads() * dim;
-    INFO(name << " cascade attention, " << kvcache::element_traits<Element>::name);
+    INFO(name << " cascade attention, " << kvcache::element_name<Element>());
     paged_cache<Element, heads> cache(1, 64, 16);
     const int prefix_length = 40;
     const std::vector<int> suffix_lengths = {1, 9, 16, 23};

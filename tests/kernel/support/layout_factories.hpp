@@ -24,6 +24,15 @@ Buffer<int> int_buffer(const std::vector<int>& values) {
     return buffer;
 }
 
+/// Key and value buffers of `rows` stored rows each, a K/V pair's sides in their own types.
+template <class Keys, class Values>
+void allocate_rows(Keys& keys, Values& values, std::size_t rows, int head_dim) {
+    using key = std::remove_reference_t<decltype(keys[0])>;
+    using value = std::remove_reference_t<decltype(values[0])>;
+    keys = Keys(rows * std::size_t(kvcache::row_elements<key>(head_dim)));
+    values = Values(rows * std::size_t(kvcache::row_elements<value>(head_dim)));
+}
+
 /// Contiguous slabs with capacity above the longest sequence and slots reversed.
 template <template <class> class Buffer = host_buffer>
 struct contiguous_factory_in {
@@ -34,7 +43,8 @@ struct contiguous_factory_in {
     struct owner {
         int sequences = 0, capacity = 0;
         Buffer<int> lengths, slots;
-        Buffer<Element> keys, values;
+        Buffer<kvcache::key_element_t<Element>> keys;      // a K/V pair's sides in their own types
+        Buffer<kvcache::value_element_t<Element>> values;
         Heads heads{};
         contiguous_view<Element, Heads> view() {
             return contiguous_view<Element, Heads>::packed(keys.data(), values.data(), lengths.data(), slots.data(),
@@ -52,9 +62,8 @@ struct contiguous_factory_in {
         std::vector<int> slots;
         for (int i = 0; i < n; ++i) slots.push_back(n - 1 - i);
         o->slots = int_buffer<Buffer>(slots);
-        const std::size_t elements = std::size_t(n) * heads.kv_heads() * o->capacity * kvcache::row_elements<Element>(Heads::head_dim);
-        o->keys = Buffer<Element>(elements);
-        o->values = Buffer<Element>(elements);
+        const std::size_t rows = std::size_t(n) * heads.kv_heads() * o->capacity;
+        allocate_rows(o->keys, o->values, rows, Heads::head_dim);
         return o;
     }
 };
@@ -69,7 +78,8 @@ struct paged_factory_in {
     struct owner {
         int sequences = 0, page_size = 1;
         Buffer<int> lengths, offsets, pages;
-        Buffer<Element> keys, values;
+        Buffer<kvcache::key_element_t<Element>> keys;      // a K/V pair's sides in their own types
+        Buffer<kvcache::value_element_t<Element>> values;
         Heads heads{};
         paged_view<Element, Heads> view() {
             return paged_view<Element, Heads>::packed(keys.data(), values.data(), offsets.data(), pages.data(),
@@ -97,9 +107,8 @@ struct paged_factory_in {
         std::mt19937 random(seed);
         std::shuffle(order.begin(), order.end(), random);
         o->pages = int_buffer<Buffer>(std::vector<int>(order.begin(), order.begin() + needed));
-        const std::size_t elements = std::size_t(pool) * heads.kv_heads() * o->page_size * kvcache::row_elements<Element>(Heads::head_dim);
-        o->keys = Buffer<Element>(elements);
-        o->values = Buffer<Element>(elements);
+        const std::size_t rows = std::size_t(pool) * heads.kv_heads() * o->page_size;
+        allocate_rows(o->keys, o->values, rows, Heads::head_dim);
         return o;
     }
 };
@@ -115,7 +124,8 @@ struct sliding_window_factory_in {
     struct owner {
         int sequences = 0, sinks = 0, ring = 1, window = 1;
         Buffer<int> lengths, slots;
-        Buffer<Element> keys, values;
+        Buffer<kvcache::key_element_t<Element>> keys;      // a K/V pair's sides in their own types
+        Buffer<kvcache::value_element_t<Element>> values;
         Heads heads{};
         sliding_window_view<Element, Heads> view() {
             return sliding_window_view<Element, Heads>::packed(keys.data(), values.data(), lengths.data(), slots.data(),
@@ -137,9 +147,8 @@ struct sliding_window_factory_in {
         std::vector<int> slots;
         for (int i = 0; i < n; ++i) slots.push_back((i + 1) % n);
         o->slots = int_buffer<Buffer>(slots);
-        const std::size_t elements = std::size_t(n) * heads.kv_heads() * (o->sinks + o->ring) * kvcache::row_elements<Element>(Heads::head_dim);
-        o->keys = Buffer<Element>(elements);
-        o->values = Buffer<Element>(elements);
+        const std::size_t rows = std::size_t(n) * heads.kv_heads() * (o->sinks + o->ring);
+        allocate_rows(o->keys, o->values, rows, Heads::head_dim);
         return o;
     }
 };

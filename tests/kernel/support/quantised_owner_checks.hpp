@@ -58,10 +58,13 @@ inline comparison compare(const std::vector<float>& kernel, const std::vector<fl
 
 /// Every visible row of every (sequence, KV head) of two views, keys and
 /// values with their scales, byte for byte; returns the rows that differ.
-/// @tparam View a layout view of a row-quantised element type
+/// @tparam View a layout view (of a K/V pair too: each side's rows in their own type)
 template <class View>
 int differing_rows(const View& a, const View& b) {
-    constexpr int bytes = kvcache::row_elements<typename View::element_type>(View::heads::head_dim);
+    using key = typename View::key_type;
+    using value = typename View::value_type;
+    constexpr int key_bytes = kvcache::row_elements<key>(View::heads::head_dim) * int(sizeof(key));
+    constexpr int value_bytes = kvcache::row_elements<value>(View::heads::head_dim) * int(sizeof(value));
     int differing = 0;
     REQUIRE(a.sequence_count() == b.sequence_count());
     for (int s = 0; s < a.sequence_count(); ++s) {
@@ -71,8 +74,8 @@ int differing_rows(const View& a, const View& b) {
         for (int h = 0; h < a.kv_heads(); ++h)
             for (int i = 0; i < visible; ++i) {
                 const int position = a.visible_position(s, i);
-                differing += std::memcmp(a.key(s, h, position), b.key(s, h, position), bytes) != 0;
-                differing += std::memcmp(a.value(s, h, position), b.value(s, h, position), bytes) != 0;
+                differing += std::memcmp(a.key(s, h, position), b.key(s, h, position), key_bytes) != 0;
+                differing += std::memcmp(a.value(s, h, position), b.value(s, h, position), value_bytes) != 0;
             }
     }
     return differing;
@@ -190,7 +193,7 @@ void check_owner(const Backend& backend, MakeCache make, const special_rows& spe
 }
 
 /// check_owner on the three owners, under the in-order and a shuffled schedule.
-/// @tparam Element a row-quantised element type (qint8, qint4)
+/// @tparam Element a row-quantised element type (qint8, qint4), or a K/V pair
 /// @tparam Heads a head_config
 template <class Element, class Heads>
 void check_every_owner(const special_rows& special = {}, const quantised_bounds& bounds = {}) {

@@ -10,6 +10,7 @@
 
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/heads.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/memory.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 
@@ -17,10 +18,14 @@ namespace kvcache_test {
 
 using namespace kvcache;
 
-/// View over a scatter_cache. Rows of slot s: [s][kv_heads][head_dim].
+/// View over a scatter_cache. Rows of slot s: [s][kv_heads][stored row] (a
+/// K/V pair's values in rows of their own type: the layout interface's
+/// key_element_t and value_element_t, and a run's value_stride).
 template <class Element, class Heads>
 struct scatter_view {
     using element_type = Element;
+    using key_type = key_element_t<Element>;
+    using value_type = value_element_t<Element>;
     using heads = Heads;
     static constexpr layout_kind kind = layout_kind::paged;
 
@@ -29,8 +34,8 @@ struct scatter_view {
     const int* offsets = nullptr;    // CSR over present positions
     const int* positions = nullptr;  // ascending per sequence
     const int* slots = nullptr;
-    Element* keys = nullptr;
-    Element* values = nullptr;
+    key_type* keys = nullptr;
+    value_type* values = nullptr;
     attention_visibility window{};
 
     Heads head_counts{};
@@ -46,11 +51,14 @@ struct scatter_view {
         const int* first = positions + offsets[s];
         return int(std::lower_bound(first, positions + offsets[s + 1], position) - first);
     }
+    /// Rows (one KV head's) before (s, h, position) in either plane.
     std::size_t row(int s, int h, int position) const {
-        return (std::size_t(slots[offsets[s] + index_of(s, position)]) * kv_heads() + h) * Heads::head_dim;
+        return std::size_t(slots[offsets[s] + index_of(s, position)]) * kv_heads() + h;
     }
-    Element* key(int s, int h, int position) const { return keys + row(s, h, position); }
-    Element* value(int s, int h, int position) const { return values + row(s, h, position); }
+    key_type* key(int s, int h, int position) const { return keys + row(s, h, position) * row_elements<key_type>(Heads::head_dim); }
+    value_type* value(int s, int h, int position) const {
+        return values + row(s, h, position) * row_elements<value_type>(Heads::head_dim);
+    }
     position_run<Element> run(int s, int h, int begin) const {
         position_run<Element> r;
         const int count = visible_count(s);
@@ -64,7 +72,8 @@ struct scatter_view {
         r.first_visible = begin;
         r.first_position = position[begin];
         r.count = n;
-        r.stride = kv_heads() * Heads::head_dim;
+        r.stride = kv_heads() * row_elements<key_type>(Heads::head_dim);
+        if constexpr (is_kv_pair_v<Element>) r.value_stride = kv_heads() * row_elements<value_type>(Heads::head_dim);
         return r;
     }
     attention_visibility visibility() const { return window; }
@@ -93,9 +102,9 @@ public:
         std::mt19937 random(seed);
         std::shuffle(order.begin(), order.end(), random);
         for (int i = 0; i < rows; ++i) slots_.push_back(order[i / run_length] * run_length + i % run_length);
-        const std::size_t elements = std::size_t(std::max(runs * run_length, 1)) * heads.kv_heads() * Heads::head_dim;
-        keys_ = host_buffer<Element>(elements);
-        values_ = host_buffer<Element>(elements);
+        const std::size_t rows_held = std::size_t(std::max(runs * run_length, 1)) * heads.kv_heads();
+        keys_ = host_buffer<key_element_t<Element>>(rows_held * row_elements<key_element_t<Element>>(Heads::head_dim));
+        values_ = host_buffer<value_element_t<Element>>(rows_held * row_elements<value_element_t<Element>>(Heads::head_dim));
     }
 
     scatter_view<Element, Heads> view() {
@@ -111,15 +120,16 @@ public:
         for (std::size_t i = 0; i < values_.size(); ++i) values_[i] = from_float<Element>(uniform(random));
     }
 
-    host_buffer<Element>& keys() { return keys_; }
-    host_buffer<Element>& values() { return values_; }
+    host_buffer<key_element_t<Element>>& keys() { return keys_; }
+    host_buffer<value_element_t<Element>>& values() { return values_; }
 
 private:
     std::vector<int> lengths_;
     attention_visibility window_;
     Heads heads_;
     std::vector<int> offsets_, positions_, slots_;
-    host_buffer<Element> keys_, values_;
+    host_buffer<key_element_t<Element>> keys_;
+    host_buffer<value_element_t<Element>> values_;
 };
 
 }  // namespace kvcache_test

@@ -84,7 +84,7 @@ void check_scores(const Backend& backend, const std::string& backend_name, const
         auto cache = Factory::template make<Element, Heads>(c, seed++, counts);
         const auto view = cache->view();
         fill_cache(view, seed++);
-        const std::string what = backend_name + " scores, " + Factory::name + " " + element_traits<Element>::name +
+        const std::string what = backend_name + " scores, " + Factory::name + " " + element_name<Element>() +
                                  " cache, " + heads_name(counts.query_heads(), counts.kv_heads(), dim) + ", " + c.name;
         const int batch = view.sequence_count();
         int stride = 1;
@@ -144,7 +144,7 @@ void check_scores(const Backend& backend, const std::string& backend_name, const
                 compare_scores(view, call.scores, stride, expected, host_offsets, score_queries, step);
             }
     }
-    combination_registry::instance().add("scores", Factory::name, element_traits<Element>::name,
+    combination_registry::instance().add("scores", Factory::name, element_name<Element>(),
                                          heads_name(counts.query_heads(), counts.kv_heads(), dim));
 }
 

@@ -27,7 +27,7 @@ constexpr std::size_t mib = std::size_t(1) << 20;
 
 /// One type's cache and its timed decode step.
 struct timed_type {
-    element_kind element;
+    kv_kinds element;
     std::size_t bytes = 0;  ///< K/V read per step, plus queries and outputs
     std::function<double()> step;
     std::vector<double> seconds;
@@ -41,7 +41,7 @@ void add_type(std::vector<timed_type>& types, layout_kind layout, int context) {
     // The step owns its cache and buffers: they live as long as the step does.
     const auto time_view = [&](auto filled) {
         auto owned = std::make_shared<decltype(filled)>(std::move(filled));
-        timed_type t{element_traits<Element>::kind, owned->kv_bytes() + 2 * q_elements * sizeof(float), {}, {}};
+        timed_type t{kinds_of<Element>(), owned->kv_bytes() + 2 * q_elements * sizeof(float), {}, {}};
         t.step = [owned, queries, outputs] {
             const cpu_backend cpu;
             const auto view = owned->view();
@@ -66,6 +66,9 @@ void compare_types(const options& opts, report& out, layout_kind layout, int con
     add_type<float8_e5m2, Heads>(types, layout, context);
     add_type<qint8, Heads>(types, layout, context);  // bytes as stored: head_dim + 4 per row
     add_type<qint4, Heads>(types, layout, context);  // head_dim / 2 + 4 per group of 32
+    // K/V pairs: each side read in its own type (llama.cpp's -ctk q8_0 -ctv q4_0 and the like).
+    add_type<kv_elements<half, qint4>, Heads>(types, layout, context);
+    add_type<kv_elements<qint8, qint4>, Heads>(types, layout, context);
     const bandwidth_result dram = measure_read_bandwidth(probe_bytes, opts.threads, opts.repeats());
     for (int i = 0; i < opts.warmup(); ++i)
         for (auto& t : types) t.step();
@@ -92,7 +95,7 @@ void compare_types(const options& opts, report& out, layout_kind layout, int con
         metrics["speed_vs_fp16_max"] = ratio.max;
         out.add({"element_types",
                  {{"layout", to_string(layout)},
-                  {"element", to_string(t.element)},
+                  {"element", t.element.to_string()},
                   {"heads", heads_name},
                   {"batch", 1},
                   {"context", context},

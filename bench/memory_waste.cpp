@@ -87,9 +87,9 @@ void report_element(report& out) {
     const std::size_t held = cache.statistics().bytes_used;
     // A stored row as the pool holds it: an int8 row's scale and an int4 row's group records are part of it, not waste.
     const std::size_t rows =
-        std::size_t(page_size) * 2 * heads::kv_heads() * std::size_t(row_elements<Element>(heads::head_dim)) * sizeof(Element);
+        std::size_t(page_size) * std::size_t(stored_token_bytes(kinds_of<Element>(), heads::kv_heads(), heads::head_dim));
     out.add({"memory_waste",
-             {{"layout", "paged"}, {"workload", "one full page"}, {"element", element_traits<Element>::name},
+             {{"layout", "paged"}, {"workload", "one full page"}, {"element", element_name<Element>()},
               {"heads", "llama3_8b (8 KV heads x 128)"}},
              {{"waste_fraction", 1.0 - double(rows) / double(held)},
               {"bytes_per_token_per_layer", double(held) / page_size}}});
@@ -103,7 +103,7 @@ void report_elements(report& out, type_list<Elements...>) {
 }  // namespace
 
 void run_memory_waste(const options&, report& out) {
-    report_elements(out, cache_elements{});
+    report_elements(out, cache_element_choices{});
     // Chat serving (prompts of a few hundred tokens, answers of a few hundred)
     // under a 4K context limit, and long-document work under a 32K limit.
     const std::vector<workload> workloads = {

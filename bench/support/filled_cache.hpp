@@ -51,22 +51,24 @@ struct filled_cache {
 
     /// The view of layer 0 over the batch: the plan's, so views of several filled caches coexist.
     typename Cache::view_type view() const { return plan.view(0); }
-    /// Bytes of K and V a decode step over the batch reads, as stored (an int8 row's scale included).
+    /// Bytes of K and V a decode step over the batch reads, as stored (an int8 row's scale included;
+    /// a K/V pair's keys and values each in their own type).
     std::size_t kv_bytes() const {
-        using element = typename Cache::element_type;
-        return std::size_t(batch.size()) * std::size_t(visible) * 2 * Cache::heads::kv_heads() *
-               std::size_t(row_elements<element>(Cache::heads::head_dim)) * sizeof(element);
+        return std::size_t(batch.size()) * std::size_t(visible) *
+               std::size_t(stored_token_bytes(kinds_of<typename Cache::element_type>(), Cache::heads::kv_heads(),
+                                              Cache::heads::head_dim));
     }
 };
 
 namespace detail {
 
 /// Writes every present row of each sequence from one random source (an
-/// int8 or int4 cache takes the float rows and quantises each with its own scales).
+/// int8 or int4 cache, or a K/V pair, takes the float rows and stores each
+/// side in its own type, int8 and int4 rows with their own scales).
 template <class Cache>
 void write_present_rows(Cache& cache, const std::vector<sequence_id>& batch, int rows_per_sequence) {
     using stored = typename Cache::element_type;
-    using element = std::conditional_t<is_row_quantised_v<stored>, float, stored>;
+    using element = std::conditional_t<is_row_quantised_v<stored> || is_kv_pair_v<stored>, float, stored>;
     constexpr std::size_t row = std::size_t(Cache::heads::kv_heads()) * Cache::heads::head_dim;
     const std::vector<float> floats = random_floats(std::size_t(rows_per_sequence) * row * 2, 42);
     std::vector<element> keys(std::size_t(rows_per_sequence) * row), values(keys.size());

@@ -45,7 +45,10 @@ options:
   --layout KIND        contiguous | paged | sliding_window (default paged)
   --dtype TYPE         fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8 | int4: the cache's element type
                        (default fp32; fp8 is e4m3, stored with per-layer scales; int8 with a scale per row;
-                       int4 with a half scale and minimum per group of 32)
+                       int4 with a half scale and minimum per group of 32); KEY+VALUE (e.g. int8+int4)
+                       stores keys and values in two types
+  --k-dtype TYPE       the keys' type alone (default --dtype's)
+  --v-dtype TYPE       the values' type alone (default --dtype's)
   --page-size N        paged: tokens per page (default 16)
   --window N           sliding_window: keys a query sees (default 512)
   --sinks N            sliding_window: first positions kept forever (default 4)
@@ -60,7 +63,7 @@ options:
 
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help"},
-                       {"--contexts", "--new-tokens", "--backend", "--layout", "--dtype", "--page-size", "--window", "--sinks",
+                       {"--contexts", "--new-tokens", "--backend", "--layout", "--dtype", "--k-dtype", "--v-dtype", "--page-size", "--window", "--sinks",
                         "--layers", "--threads", "--seed", "--json"});
     if (args.has("--help")) {
         std::cout << usage;
@@ -70,7 +73,7 @@ int run(int argc, char** argv) {
     const int new_tokens = args.integer("--new-tokens", 8, 1, 4096);
     ex::cache_options cache;
     cache.layout = args.layout("--layout", kvcache::layout_kind::paged);
-    cache.element = args.element("--dtype", kvcache::element_kind::fp32);
+    cache.element = args.kinds("--dtype", "--k-dtype", "--v-dtype", kvcache::element_kind::fp32);
     cache.page_size = args.integer("--page-size", 16, 1, 1 << 16);
     cache.window = args.integer("--window", 512, 1, 1 << 20);
     cache.sinks = args.integer("--sinks", 4, 0, 1 << 20);
@@ -104,24 +107,24 @@ int run(int argc, char** argv) {
     std::printf("backend: %s (%s)\n", ex::to_string(backend.backend), backend.why.c_str());
     if (backend.backend == ex::compute_backend::cuda)
         std::printf("cache: %s, %s, kvcache CUDA backend (K/V in device memory); the rest of the model on %d CPU threads\n",
-                    layout_text.c_str(), kvcache::to_string(cache.element), pool.size());
+                    layout_text.c_str(), cache.element.to_string().c_str(), pool.size());
     else if (backend.backend == ex::compute_backend::emulated)
         std::printf("cache: %s, %s, kvcache's CUDA kernels on the SIMT emulator; the rest of the model on %d CPU threads\n",
-                    layout_text.c_str(), kvcache::to_string(cache.element), pool.size());
+                    layout_text.c_str(), cache.element.to_string().c_str(), pool.size());
     else
         std::printf("cache: %s, %s, kvcache CPU backend, %d threads\n", layout_text.c_str(),
-                    kvcache::to_string(cache.element), pool.size());
+                    cache.element.to_string().c_str(), pool.size());
     std::printf("greedy decoding of %d tokens per context; \"recompute\" runs the whole sequence at every step, no cache\n",
                 new_tokens);
-    const bool fp8 = kvcache::is_scaled_kind(cache.element);
+    const bool fp8 = kvcache::is_scaled_kind(cache.element.key) || kvcache::is_scaled_kind(cache.element.value);
     if (fp8 && cached_path.element_queries_outputs)  // the CUDA path takes and gives fp16 around an fp8 cache
         std::printf("note: the recompute path rounds its K/V through fp16 and then %s, and its queries and outputs "
                     "through fp16, as the CUDA backend takes and gives them, so both attend over the same values\n",
-                    kvcache::to_string(cache.element));
+                    cache.element.to_string().c_str());
     else if (cache.element != kvcache::element_kind::fp32)
         std::printf("note: the recompute path rounds its K/V%s through %s too, so both attend over the same values\n",
                     cached_path.element_queries_outputs ? " (and queries and outputs, as the CUDA backend does)" : "",
-                    kvcache::to_string(cache.element));
+                    cache.element.to_string().c_str());
     if (fp8)
         std::printf("note: fp8 scales are 1.0 for keys and values in every layer (random weights, no checkpoint scales)\n");
     if (cache.layout == kvcache::layout_kind::sliding_window)
@@ -170,7 +173,7 @@ int run(int argc, char** argv) {
                       {"head_dim", config.head_dim},       {"intermediate_size", config.intermediate_size},
                       {"vocab_size", config.vocab_size},   {"seed", seed}};
         j["layout"] = kvcache::to_string(cache.layout);
-        j["dtype"] = kvcache::to_string(cache.element);
+        j["dtype"] = cache.element.to_string();
         j["backend"] = ex::to_string(backend.backend);
         j["backend_reason"] = backend.why;
         j["threads"] = pool.size();

@@ -49,7 +49,10 @@ options:
   --dtype TYPE           fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8 | int4: the cache's element
                          type (default fp32; fp8 is e4m3, stored with per-layer scales; int8 stores
                          a float scale with each row of each head; int4 a half scale and minimum
-                         with each group of 32 values)
+                         with each group of 32 values); KEY+VALUE (e.g. int8+int4) stores keys and
+                         values in two types
+  --k-dtype TYPE         the keys' type alone (llama.cpp's -ctk; default --dtype's)
+  --v-dtype TYPE         the values' type alone (llama.cpp's -ctv; default --dtype's)
   --page-size N          paged: tokens per page (default 16)
   --window N             sliding_window: keys a query of a full-attention layer sees (default 4096)
   --sinks N              sliding_window: first positions kept forever in those layers (default 4)
@@ -133,8 +136,7 @@ ex::compression_options compression_of(const ex::arguments& args) {
 // Tokens and bytes each layer holds at the end, and the cache memory the sequence held
 // (paged: its pages; contiguous and sliding window: the rows they store).
 void print_held(const ex::cached_generation& run, const ex::cache_options& cache, const ex::model_config& config) {
-    const std::size_t row_bytes =
-        2 * std::size_t(config.num_kv_heads) * std::size_t(kvcache::stored_row_bytes(cache.element, config.head_dim));
+    const std::size_t row_bytes = std::size_t(kvcache::stored_token_bytes(cache.element, config.num_kv_heads, config.head_dim));
     std::printf("kv policy: %s; %d compactions\n", cache.compression.describe().c_str(), run.compactions);
     if (run.rows_held.empty()) {  // an attention path without the eviction hook reports no rows
         std::printf("cache in use: %zu bytes\n", run.bytes_used);
@@ -150,7 +152,7 @@ void print_held(const ex::cached_generation& run, const ex::cache_options& cache
 
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help", "--no-cache", "--compare"},
-                       {"--model", "--prompt-ids", "--max-new-tokens", "--backend", "--layout", "--dtype", "--page-size", "--window",
+                       {"--model", "--prompt-ids", "--max-new-tokens", "--backend", "--layout", "--dtype", "--k-dtype", "--v-dtype", "--page-size", "--window",
                         "--sinks", "--threads", "--dump-logits", "--kv-policy", "--kv-budget", "--kv-ratio",
                         "--kv-layer-budgets", "--kv-compress-every", "--kv-compress-when-free-below", "--kv-sinks", "--kv-recent", "--kv-window",
                         "--kv-seed"});
@@ -180,7 +182,7 @@ int run(int argc, char** argv) {
 
     ex::cache_options cache;
     cache.layout = args.layout("--layout", kvcache::layout_kind::paged);
-    cache.element = args.element("--dtype", kvcache::element_kind::fp32);
+    cache.element = args.kinds("--dtype", "--k-dtype", "--v-dtype", kvcache::element_kind::fp32);
     cache.page_size = args.integer("--page-size", 16, 1, 1 << 16);
     // StreamingLLM-style windowing of full-attention layers; the model's own windowed layers keep
     // the config's window (kvcache_attention.hpp), so these change nothing for them.
@@ -256,9 +258,9 @@ int run(int argc, char** argv) {
         layout_text += " for the full-attention layers";
     if (want_cached)
         std::printf("cache: %s, %s, kvcache %s backend, %d threads%s\n", layout_text.c_str(),
-                    kvcache::to_string(cache.element), on_cuda ? "CUDA" : "CPU", pool.size(),
+                    cache.element.to_string().c_str(), on_cuda ? "CUDA" : "CPU", pool.size(),
                     on_cuda ? " for the rest of the model" : "");
-    if (want_cached && kvcache::is_scaled_kind(cache.element)) {
+    if (want_cached && (kvcache::is_scaled_kind(cache.element.key) || kvcache::is_scaled_kind(cache.element.value))) {
         // vLLM's convention: one k_scale and one v_scale per layer; without them every scale is 1.
         const ex::model_config& loaded = model.config();
         if (loaded.cache_scales.empty())
@@ -274,7 +276,7 @@ int run(int argc, char** argv) {
                     !want_cached || cache.element == kvcache::element_kind::fp32 ? ""
                     : on_cuda ? " (K/V, queries and outputs rounded through "
                               : " (K/V rounded through ",
-                    !want_cached || cache.element == kvcache::element_kind::fp32 ? "" : kvcache::to_string(cache.element),
+                    !want_cached || cache.element == kvcache::element_kind::fp32 ? "" : cache.element.to_string().c_str(),
                     !want_cached || cache.element == kvcache::element_kind::fp32 ? ""
                     : on_cuda ? " like the CUDA backend)"
                               : " like the cache)");
@@ -299,7 +301,7 @@ int run(int argc, char** argv) {
         std::printf("cache memory: %.2f %s reserved for %d tokens x %d layers (%s, %.0f bytes per token per layer)\n",
                     double(run.bytes_reserved) / (mib ? 1024.0 * 1024.0 : 1024.0), mib ? "MiB" : "KiB", int(tokens),
                     config.num_layers,
-                    kvcache::to_string(cache.element), double(run.bytes_reserved) / (tokens * config.num_layers));
+                    cache.element.to_string().c_str(), double(run.bytes_reserved) / (tokens * config.num_layers));
         std::printf("cached: %.2f ms/token (prefill %.1f ms)\n", ms_per_token(cached), cached.step_seconds[0] * 1e3);
         if (args.has("--kv-policy")) print_held(run, cache, config);
     }

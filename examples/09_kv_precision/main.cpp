@@ -37,7 +37,9 @@ and the bytes per token and layer each type stores.
 options:
   --model DIR            the model folder (required)
   --types LIST           comma-separated storage types besides fp32
-                         (default fp16,bf16,e4m3,e5m2,int8,int4)
+                         (default fp16,bf16,e4m3,e5m2,int8,int4,fp16+int8,fp16+int4,int8+int4;
+                         KEY+VALUE stores keys and values in two types, held to the coarser
+                         side's limit)
   --windows N            held-out windows of 255 bytes (default 2; 0: all)
   --layout KIND          paged | contiguous (default paged)
   --page-size N          paged: tokens per page (default 16)
@@ -52,9 +54,9 @@ options:
   --help                 this text
 )";
 
-// The shipped model's head shape, and any other of head dimension 32, in every storage type.
+// The shipped model's head shape, and any other of head dimension 32, in every storage type and K/V pair.
 using precision_configurations = kvcache::configuration_product_t<
-    kvcache::type_list<kvcache::paged_layout, kvcache::contiguous_layout>, kvcache::cache_elements,
+    kvcache::type_list<kvcache::paged_layout, kvcache::contiguous_layout>, kvcache::cache_element_choices,
     kvcache::type_list<kvcache::head_config<8, 2, 32>, kvcache::dynamic_heads<32>>>;
 
 // A non-negative percentage option as a fraction.
@@ -69,7 +71,7 @@ double percent(const ex::arguments& args, const std::string& name, double fallba
 
 // One storage type's figures over every scored position of every window.
 struct tally {
-    kvcache::element_kind kind = kvcache::element_kind::fp32;
+    kvcache::kv_kinds kind = kvcache::element_kind::fp32;
     double nats = 0.0;
     long scored = 0;
     long agreeing = 0;  // positions whose argmax equals the fp32 cache's
@@ -99,11 +101,13 @@ int run(int argc, char** argv) {
     }
     if (!args.has("--model")) throw ex::usage_error("--model DIR is required (see --help)");
     const std::string dir = args.text("--model", "");
-    std::vector<kvcache::element_kind> kinds{kvcache::element_kind::fp32};
-    for (const std::string& name : ex::split_commas(args.text("--types", "fp16,bf16,e4m3,e5m2,int8,int4"))) {
-        kvcache::element_kind kind;
-        if (!kvcache::parse_element_kind(name.c_str(), kind))
-            throw ex::usage_error("--types: '" + name + "' is not a storage type (fp16, bf16, e4m3, e5m2, int8, int4, fp32)");
+    std::vector<kvcache::kv_kinds> kinds{kvcache::element_kind::fp32};
+    for (const std::string& name :
+         ex::split_commas(args.text("--types", "fp16,bf16,e4m3,e5m2,int8,int4,fp16+int8,fp16+int4,int8+int4"))) {
+        kvcache::kv_kinds kind;
+        if (!kvcache::parse_kv_kinds(name, kind))
+            throw ex::usage_error("--types: '" + name + "' is not a storage type (fp16, bf16, e4m3, e5m2, int8, int4, fp32) "
+                                  "or KEY+VALUE of two");
         if (kind != kvcache::element_kind::fp32) kinds.push_back(kind);
     }
     const int window_count = args.integer("--windows", 2, 0, 1 << 20);
@@ -171,8 +175,8 @@ int run(int argc, char** argv) {
 
     const tally& full = tallies[0];
     const int row_fp32 = kvcache::stored_row_bytes(kvcache::element_kind::fp32, config.head_dim);
-    auto per_token_layer = [&](kvcache::element_kind kind) {
-        return 2 * config.num_kv_heads * kvcache::stored_row_bytes(kind, config.head_dim);
+    auto per_token_layer = [&](kvcache::kv_kinds kind) {
+        return int(kvcache::stored_token_bytes(kind, config.num_kv_heads, config.head_dim));
     };
     auto perplexity_change = [&](const tally& t) { return t.perplexity() / full.perplexity() - 1.0; };
     auto bytes_vs_fp32 = [&](const tally& t) { return full.bytes_used > 0 ? t.bytes_used / full.bytes_used : 0.0; };
@@ -182,24 +186,26 @@ int run(int argc, char** argv) {
     bool within = true, bytes_match = true;
     std::string verdicts;
     for (const tally& t : tallies) {
-        std::printf("| %s | %d | %.3f | %.4f | %+.3f%% | %.2f%% | %.4f | %.2e | %.2e |\n", kvcache::to_string(t.kind),
+        std::printf("| %s | %d | %.3f | %.4f | %+.3f%% | %.2f%% | %.4f | %.2e | %.2e |\n", t.kind.to_string().c_str(),
                     per_token_layer(t.kind), bytes_vs_fp32(t), t.perplexity(), perplexity_change(t) * 100.0,
                     t.agreement() * 100.0, t.logit_difference_max, t.kl_mean(), t.kl_max);
         // The owner's bytes against fp32's must be exactly the stored rows' ratio: the same pages
         // or slots hold the same rows, each of its type's size (scales included).
-        const double expected = double(kvcache::stored_row_bytes(t.kind, config.head_dim)) / double(row_fp32);
+        const double expected = double(per_token_layer(t.kind)) / double(2 * config.num_kv_heads * row_fp32);
         if (!windows.empty() && std::fabs(bytes_vs_fp32(t) - expected) > 1e-9) {
             bytes_match = false;
-            verdicts += std::string("  ") + kvcache::to_string(t.kind) + ": the cache held " +
+            verdicts += std::string("  ") + t.kind.to_string() + ": the cache held " +
                         std::to_string(bytes_vs_fp32(t)) + " of fp32's bytes; its rows are " +
                         std::to_string(expected) + " of fp32's\n";
         }
-        const double limit = t.kind == kvcache::element_kind::int4 ? limit_4
-                             : kvcache::element_size(t.kind) >= 2  ? limit_16
-                                                                   : limit_8;
+        // A pair is held to the limit of its coarser side.
+        const auto limit_of = [&](kvcache::element_kind kind) {
+            return kind == kvcache::element_kind::int4 ? limit_4 : kvcache::element_size(kind) >= 2 ? limit_16 : limit_8;
+        };
+        const double limit = std::max(limit_of(t.kind.key), limit_of(t.kind.value));
         if (perplexity_change(t) > limit) {
             within = false;
-            verdicts += std::string("  ") + kvcache::to_string(t.kind) + ": perplexity rose " +
+            verdicts += std::string("  ") + t.kind.to_string() + ": perplexity rose " +
                         std::to_string(perplexity_change(t) * 100.0) + "%, above the limit of " +
                         std::to_string(limit * 100.0) + "%\n";
         }
@@ -210,7 +216,7 @@ int run(int argc, char** argv) {
         nlohmann::json results = nlohmann::json::array();
         for (const tally& t : tallies)
             results.push_back({{"benchmark", "kv_precision"},
-                               {"params", {{"element", kvcache::to_string(t.kind)}}},
+                               {"params", {{"element", t.kind.to_string()}}},
                                {"metrics",
                                 {{"bytes_per_token_per_layer", per_token_layer(t.kind)},
                                  {"bytes_vs_fp32", bytes_vs_fp32(t)},

@@ -84,6 +84,24 @@ public:
         throw usage_error(name + " '" + v + "' is not one of fp32, fp16, bf16, fp8 (e4m3), e4m3, e5m2, int8, int4");
     }
 
+    /// The kinds of a cache's keys and values: `name` (one kind for both, or
+    /// KEY+VALUE such as int8+int4), then key_name and value_name, where
+    /// given, for that side alone (llama.cpp's -ctk / -ctv). E.g. --dtype fp16
+    /// --v-dtype int4 stores fp16 keys and int4 values.
+    kv_kinds kinds(const std::string& name, const std::string& key_name, const std::string& value_name,
+                   element_kind fallback) const {
+        kv_kinds kinds(fallback);
+        if (has(name)) {
+            const std::string& v = values_.at(name);
+            if (!parse_kv_kinds(v, kinds))
+                throw usage_error(name + " '" + v + "' is not one of fp32, fp16, bf16, fp8 (e4m3), e4m3, e5m2, int8, "
+                                  "int4, or KEY+VALUE of two of them (e.g. int8+int4)");
+        }
+        kinds.key = element(key_name, kinds.key);
+        kinds.value = element(value_name, kinds.value);
+        return kinds;
+    }
+
     static int parse_int(const std::string& name, const std::string& text, int low, int high) {
         errno = 0;
         char* end = nullptr;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvcache/core/element.hpp"
+#include "kvcache/core/kv_elements.hpp"
 #include "kvcache/layout/layout_interface.hpp"
 #include "kvcache_engine/model_config.hpp"
 #include "kvcache_engine/tensor_ops.hpp"
@@ -70,6 +71,8 @@ inline void round_through(element_kind kind, float* data, std::size_t count, flo
 inline element_kind activation_kind(element_kind kind) noexcept {
     return is_scaled_kind(kind) || kind == element_kind::int8 || kind == element_kind::int4 ? element_kind::fp16 : kind;
 }
+/// The same for a cache's kinds: its keys' (a K/V pair's activation, default_activation_t).
+inline element_kind activation_kind(kv_kinds kinds) noexcept { return activation_kind(kinds.key); }
 
 /// Attention without a cache: every call holds the whole sequence from position 0,
 /// causal. A layer the model windows (model_config::layer_window) sees its window and no
@@ -81,7 +84,7 @@ inline element_kind activation_kind(element_kind kind) noexcept {
 /// the model's per-layer cache scales.
 class recompute_attention final : public attention_backend {
 public:
-    recompute_attention(const model_config& config, thread_pool& pool, element_kind storage,
+    recompute_attention(const model_config& config, thread_pool& pool, kv_kinds storage,
                         attention_visibility visibility = {}, bool round_queries_outputs = false)
         : heads_(config.heads()), layer_window_(config.layer_window), cache_scales_(config.cache_scales), pool_(pool), storage_(storage),
           visibility_(visibility), round_queries_outputs_(round_queries_outputs) {}
@@ -104,8 +107,8 @@ public:
             round_through(travel, values_.data(), kv_count);
         }
         const kv_scales scales = cache_scales_.empty() ? kv_scales{} : cache_scales_.at(static_cast<std::size_t>(layer));
-        round_through(storage_, keys_.data(), kv_count, scales.key, d);
-        round_through(storage_, values_.data(), kv_count, scales.value, d);
+        round_through(storage_.key, keys_.data(), kv_count, scales.key, d);
+        round_through(storage_.value, values_.data(), kv_count, scales.value, d);
         if (round_queries_outputs_) {
             std::size_t q_count = static_cast<std::size_t>(tokens) * qh * d;
             queries_.assign(q, q + q_count);
@@ -150,7 +153,7 @@ private:
     std::vector<int> layer_window_;
     std::vector<kv_scales> cache_scales_;  ///< model_config::cache_scales
     thread_pool& pool_;
-    element_kind storage_;
+    kv_kinds storage_;
     attention_visibility visibility_;
     bool round_queries_outputs_;
     std::vector<float> keys_, values_, queries_;

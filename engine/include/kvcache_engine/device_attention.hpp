@@ -161,7 +161,7 @@ using emulated_kvcache_attention = device_attention<Cache, emulated_device>;
 template <class Heads>
 cached_generation generate_with_kvcache_emulated(llama_model& model, const std::vector<int>& prompt, int new_tokens,
                                                  const cache_options& cache, const generation_options& options = {}) {
-    using configurations = configuration_product_t<all_layouts, cache_elements, type_list<Heads>>;
+    using configurations = configuration_product_t<all_layouts, cache_element_choices, type_list<Heads>>;
     return dispatch(configurations{}, wanted_configuration(model, cache), [&](auto config) {
         return detail::generate_configured<decltype(config), host_memory, emulated_kvcache_attention>(
             config, model, prompt, new_tokens, cache, options);

@@ -190,7 +190,7 @@ private:
 /// Which cache the cached path uses for the layers the model does not window.
 struct cache_options {
     layout_kind layout = layout_kind::paged;
-    element_kind element = element_kind::fp32;
+    kv_kinds element = element_kind::fp32;  ///< what keys and values are stored as (a kind each for a K/V pair)
     int page_size = 16;      ///< paged
     int window = 256;        ///< sliding window: recent keys a query sees
     int sinks = 4;           ///< sliding window: first positions kept forever
@@ -273,11 +273,18 @@ auto with_owner(sliding_window_layout, const Heads& heads, const cache_options& 
     return f(owner);
 }
 
-// An fp8 owner takes the model's per-layer scales: owner layer i holds model layer layers[i].
+// An fp8 owner takes the model's per-layer scales: owner layer i holds model layer layers[i]. A K/V
+// pair with one fp8 side takes that side's scale (the other side stores values as they are).
 template <class Owner>
 void set_cache_scales(Owner& owner, const model_config& config, const std::vector<int>& layers) {
-    if constexpr (is_scaled_element_v<typename Owner::element_type>)
-        for (std::size_t i = 0; i < layers.size(); ++i) owner.set_scales(static_cast<int>(i), config.scales_of(layers[i]));
+    using element = typename Owner::element_type;
+    if constexpr (has_scaled_side_v<element>)
+        for (std::size_t i = 0; i < layers.size(); ++i) {
+            kv_scales s = config.scales_of(layers[i]);
+            if constexpr (!is_scaled_element_v<key_element_t<element>>) s.key = 1.0f;
+            if constexpr (!is_scaled_element_v<value_element_t<element>>) s.value = 1.0f;
+            owner.set_scales(static_cast<int>(i), s);
+        }
 }
 
 // Memory and Attention let the CUDA path (cuda_attention.hpp) reuse the owner set-up with
@@ -343,19 +350,25 @@ cached_generation generate_configured(const Configuration& config, llama_model& 
 /// The configurations the cached CPU path is compiled for: the flagship's and
 /// the test checkpoints' head shapes at full speed, and through dynamic head
 /// counts every shape of the usual head dimensions (kvcache::dynamic_head_dims,
-/// and 16 and 32 for small test models), fp8 caches included. Any checkpoint
-/// of those dimensions runs.
+/// and 16 and 32 for small test models), fp8, int8 and int4 caches included;
+/// the K/V pairs of kvcache::kv_element_pairs for head dimensions 16, 32, 64
+/// and 128 (each configuration instantiates the whole cached path: the pairs
+/// are kept to the dimensions the examples and the usual checkpoints have).
+/// Any checkpoint of those dimensions runs.
 using engine_configurations =
     concat_t<configuration_product_t<all_layouts, all_elements, type_list<head_config<8, 2, 32>, head_config<4, 2, 16>>>,
              configuration_product_t<all_layouts, cache_elements,
-                                     concat_t<type_list<dynamic_heads<16>, dynamic_heads<32>>, dynamic_head_dims>>>;
+                                     concat_t<type_list<dynamic_heads<16>, dynamic_heads<32>>, dynamic_head_dims>>,
+             configuration_product_t<all_layouts, kv_element_pairs,
+                                     type_list<dynamic_heads<16>, dynamic_heads<32>, dynamic_heads<64>, dynamic_heads<128>>>>;
 
-/// Every layout and element type (fp8 included) for one head configuration:
-/// the list a program that runs one known model shape dispatches over (each
-/// configuration instantiates the whole cached path, so short lists compile fast).
+/// Every layout and element type (fp8, int8, int4 and the K/V pairs of
+/// kvcache::kv_element_pairs included) for one head configuration: the list a
+/// program that runs one known model shape dispatches over (each configuration
+/// instantiates the whole cached path, so short lists compile fast).
 /// @tparam Heads a head_config
 template <class Heads>
-using configurations_for = configuration_product_t<all_layouts, cache_elements, type_list<Heads>>;
+using configurations_for = configuration_product_t<all_layouts, cache_element_choices, type_list<Heads>>;
 
 /// The runtime configuration the cached path asks the dispatcher for.
 inline runtime_configuration wanted_configuration_of(const model_config& config, const cache_options& cache) {

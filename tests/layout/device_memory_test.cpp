@@ -1,9 +1,15 @@
 // The owners instantiated over device_memory, compiled by the host compiler
 // with the CUDA runtime headers (the bookkeeping is the same code). Where a
-// GPU is present the round trip also runs; without one only the build checks.
+// GPU is present the round trip also runs; without one only the build checks,
+// and each GPU case prints "no CUDA device: <why>" (the gpu-labelled ctest entry
+// runs this binary under examples/common/run_if_gpu.cmake, which counts that as
+// a skip unless nvidia-smi lists a GPU the test failed to use).
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "cache_test_support.hpp"
@@ -22,9 +28,22 @@ template class kvcache::sliding_window_cache<kvcache::half, heads, kvcache::devi
 
 namespace {
 
-bool have_gpu() {
+/// Why no GPU can be used, or empty when one can.
+std::string gpu_missing() {
     int count = 0;
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(status);
+    return count > 0 ? std::string() : std::string("no CUDA device is present");
+}
+
+bool have_gpu() { return gpu_missing().empty(); }
+
+/// Prints the skip line run_if_gpu.cmake looks for; true when the GPU part must be skipped.
+bool skip_without_gpu(const char* what) {
+    const std::string why = gpu_missing();
+    if (why.empty()) return false;
+    std::printf("no CUDA device: %s (%s was compiled, not run)\n", why.c_str(), what);
+    return true;
 }
 
 /// Writes rows through a device-memory owner, reads them back, and compares
@@ -54,10 +73,7 @@ void round_trip(DeviceCache device, HostCache host) {
 TEST_CASE("device-memory owners build, and round-trip rows where a GPU exists") {
     CHECK(kvcache::paged_cache<float, heads, kvcache::device_memory>::memory::space == kvcache::memory_space::device);
     CHECK(kvcache::is_layout_view_v<kvcache::paged_cache<float, heads, kvcache::device_memory>::view_type>);
-    if (!have_gpu()) {
-        MESSAGE("no GPU: device-memory owners were compiled, not run");
-        return;
-    }
+    if (skip_without_gpu("the device-memory owners' round trip")) return;
     round_trip(kvcache::paged_cache<kvcache::half, heads, kvcache::device_memory>(2, 16, 4),
                kvcache::paged_cache<kvcache::half, heads>(2, 16, 4));
     round_trip(kvcache::static_cache<float, heads, kvcache::device_memory>(2, 4, 16),
@@ -67,8 +83,7 @@ TEST_CASE("device-memory owners build, and round-trip rows where a GPU exists") 
 }
 
 TEST_CASE("a device cache's host tier (page-locked) swaps a sequence out and back on a stream") {
-    if (!have_gpu()) {
-        MESSAGE("no GPU: the host tier over device memory was compiled, not run");
+    if (skip_without_gpu("the host tier over device memory")) {
         CHECK(!have_gpu());
         return;
     }
@@ -95,4 +110,60 @@ TEST_CASE("a device cache's host tier (page-locked) swaps a sequence out and bac
     device.save(back);
     CHECK(back.str() == expected.str());
     cudaStreamDestroy(stream);
+}
+
+namespace {
+
+/// Spills a prompt's cached pages to the host tier (a filler evicts them from
+/// the pool), matches the prompt again, and reads the rows back.
+template <class Cache>
+void spill_and_match() {
+    constexpr int layers = 2, page = 4, row = heads::kv_heads() * heads::head_dim;
+    Cache cache(layers, 4, page, true);
+    cache.attach_host_tier(4);
+    const auto append = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+        const int n = static_cast<int>(tokens.size());
+        const int first = cache.begin_append(id, n, tokens);
+        for (int l = 0; l < layers; ++l) {
+            const auto keys = test_support::token_rows(tokens, first, l, false, row);
+            const auto values = test_support::token_rows(tokens, first, l, true, row);
+            cache.write(id, l, first, keys, values, n);
+        }
+    };
+    const auto tokens_from = [](int first, int n) {
+        std::vector<std::int32_t> out(n);
+        for (int i = 0; i < n; ++i) out[i] = first + i;
+        return out;
+    };
+    const auto prompt = tokens_from(500, 3 * page + 1);  // three full pages and one more token
+    const auto a = cache.add_sequence();
+    append(a, prompt);
+    cache.remove_sequence(a);  // its three full pages stay cached in the pool
+    const auto b = cache.add_sequence();
+    append(b, tokens_from(900, 4 * page));  // every page: the cached ones are spilled to the host tier
+    auto st = cache.statistics();
+    CHECK(st.pages_spilled == 3);
+    CHECK(st.host_pages_cached == 3);
+    cache.remove_sequence(b);
+    const auto c = cache.add_sequence();
+    const std::vector<std::int32_t> lookup(prompt.begin(), prompt.end() - 1);
+    REQUIRE(cache.match_prefix(c, lookup) == 3 * page);
+    st = cache.statistics();
+    CHECK(st.host_prefix_hit_pages == 3);
+    const int n = 3 * page;
+    for (int l = 0; l < layers; ++l) {
+        INFO("layer " << l);
+        std::vector<float> keys(std::size_t(n) * row), values(keys.size());
+        cache.read(c, l, 0, n, keys, values);  // from the cache's memory (device memory: copied back)
+        CHECK(keys == test_support::token_rows(lookup, 0, l, false, row));
+        CHECK(values == test_support::token_rows(lookup, 0, l, true, row));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("a device cache spills evicted prefix pages to its host tier and a match brings their rows back") {
+    spill_and_match<kvcache::paged_cache<float, heads>>();  // the same steps in host memory, run everywhere
+    if (skip_without_gpu("the prefix spill to a device cache's host tier")) return;
+    spill_and_match<kvcache::paged_cache<float, heads, kvcache::device_memory>>();
 }

@@ -430,6 +430,47 @@ std::vector<std::vector<std::int32_t>> fill_through_tiers(cache_type& cache) {
     }
     return prompts;
 }
+
+/// The disk tier's file for page `index` of tokens (named by its chained hash).
+std::filesystem::path page_file(const std::string& directory, const std::vector<std::int32_t>& tokens, int index) {
+    std::uint64_t hash = kvcache::detail::root_hash;
+    for (int i = 0; i <= index; ++i) hash = kvcache::detail::chain_hash(hash, tokens.data() + std::size_t(i) * page, page);
+    char name[40];
+    std::snprintf(name, sizeof name, "page-%016llx.kvcache", static_cast<unsigned long long>(hash));
+    return std::filesystem::path(directory) / name;
+}
+
+/// Regular files in a directory.
+int files_in(const std::string& directory) {
+    int files = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(directory)) files += entry.is_regular_file();
+    return files;
+}
+
+/// Appends n positions whose token ids the cache is not told: their pages are
+/// never published, so removing the sequence frees them (a filler that makes
+/// the pool evict its cached pages).
+void append_anonymous(cache_type& cache, kvcache::sequence_id id, int n) {
+    const auto tokens = tokens_from(90000, n);
+    const int first = cache.begin_append(id, n);
+    for (int l = 0; l < layers; ++l) {
+        const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
+        cache.write(id, l, first, keys, values, n);
+    }
+}
+
+/// Rows [0, n) of every layer of a sequence equal what tokens give there.
+void check_first_rows(const cache_type& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int n) {
+    if (n == 0) return;
+    const std::vector<std::int32_t> prefix(tokens.begin(), tokens.begin() + n);
+    for (int l = 0; l < layers; ++l) {
+        std::vector<float> keys(std::size_t(n) * row), values(keys.size());
+        cache.read(id, l, 0, n, keys, values);
+        INFO("sequence " << id << ", layer " << l << ", rows [0, " << n << ")");
+        CHECK(keys == rows_of(prefix, 0, l, false));
+        CHECK(values == rows_of(prefix, 0, l, true));
+    }
+}
 }  // namespace
 
 TEST_CASE("the host tier's evicted spilled pages go to disk files, and a match reads them back") {
@@ -505,13 +546,187 @@ TEST_CASE("a damaged or missing page file is a miss, never wrong rows") {
     const std::vector<std::int32_t> rest(prompts[0].begin() + matched, prompts[0].end());
     append_tokens(cache, a, rest);  // the rest is recomputed
     check_rows(cache, a, prompts[0]);
-    // A page file deleted behind the cache's back is a miss too.
-    for (const auto& entry : std::filesystem::directory_iterator(directory)) std::filesystem::remove(entry.path());
-    cache.remove_sequence(a);
-    const auto b = cache.add_sequence();
-    (void)cache.match_prefix(b, lookup);
-    append_tokens(cache, b, {prompts[0].begin() + cache.length(b), prompts[0].end()});
-    check_rows(cache, b, prompts[0]);
+    // A page file deleted behind the cache's back: the next test case.
+}
+
+TEST_CASE("a page file deleted behind the cache's back ends the match before that page") {
+    for (const int missing : {0, 1, 2}) {
+        INFO("the file of page " << missing << " of prompt 0 deleted");
+        const std::string directory = fresh_directory("deleted_" + std::to_string(missing));
+        cache_type cache(layers, 4, page, true);
+        cache.attach_host_tier(4);
+        cache.attach_disk_tier(directory, 8);
+        // Prompt 0's four pages live on disk only: the pool holds prompt 2, the host tier prompt 1.
+        const auto prompts = fill_through_tiers(cache);
+        const auto st0 = cache.statistics();
+        REQUIRE(st0.disk_pages_used == 4);
+        REQUIRE(files_in(directory) == 4);
+        REQUIRE(st0.disk_pages_refused == 0);
+        const auto path = page_file(directory, prompts[0], missing);
+        REQUIRE(std::filesystem::remove(path));
+        const std::vector<std::int32_t> lookup(prompts[0].begin(), prompts[0].end() - 1);  // three full pages
+        const auto a = cache.add_sequence();
+        const int matched = cache.match_prefix(a, lookup);
+        const auto st = cache.statistics();
+        CHECK(matched == missing * page);  // the pages before the missing one, read from their files
+        CHECK(st.disk_pages_refused == st0.disk_pages_refused + 1);
+        CHECK(st.disk_prefix_hit_pages == st0.disk_prefix_hit_pages + std::uint64_t(missing));
+        CHECK(st.disk_prefix_miss_pages == st0.disk_prefix_miss_pages + 1);
+        // Every page up to the missing one was asked of the pool and the host tier, neither held it.
+        CHECK(st.pool_prefix_miss_pages == st0.pool_prefix_miss_pages + std::uint64_t(missing) + 1);
+        CHECK(st.host_prefix_miss_pages == st0.host_prefix_miss_pages + std::uint64_t(missing) + 1);
+        CHECK((st.bytes_read_from_disk > st0.bytes_read_from_disk) == (missing > 0));
+        CHECK(!std::filesystem::exists(path));
+        check_first_rows(cache, a, prompts[0], matched);  // what was matched holds the rows written
+        append_tokens(cache, a, {prompts[0].begin() + matched, prompts[0].end()});  // the rest is recomputed
+        check_rows(cache, a, prompts[0]);
+    }
+}
+
+TEST_CASE("the disk tier keeps at most its capacity in files and deletes the least recently used one") {
+    // A pool of one page and a host tier of one: each one-page prompt cached in
+    // turn pushes the one before it to the host tier and the one before that to disk.
+    const std::string directory = fresh_directory("disk_lru");
+    cache_type cache(layers, 1, page, true);
+    cache.attach_host_tier(1);
+    cache.attach_disk_tier(directory, 3);
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (int p = 0; p < 8; ++p) {
+        INFO("after prompt " << p);
+        prompts.push_back(tokens_from(100 * (p + 1), page));
+        const auto id = cache.add_sequence();
+        append_tokens(cache, id, prompts.back());
+        cache.remove_sequence(id);
+        const int expected = std::min(std::max(p - 1, 0), 3);
+        CHECK(files_in(directory) == expected);
+        CHECK(cache.statistics().disk_pages_used == expected);
+    }
+    CHECK(cache.statistics().pages_written_to_disk == 6);  // prompts 0..5
+    // Nothing was read back, so the files of the three stored first went first.
+    for (int p = 0; p < 6; ++p) {
+        INFO("prompt " << p);
+        CHECK(std::filesystem::exists(page_file(directory, prompts[p], 0)) == (p >= 3));
+    }
+    // Reading prompt 3 back makes it the most recently used file. Bringing it
+    // into the pool evicts prompt 7 to the host tier, which pushes prompt 6 to
+    // disk: the full tier deletes prompt 4's file, the least recently used.
+    const auto a = cache.add_sequence();
+    CHECK(cache.match_prefix(a, prompts[3]) == page);
+    CHECK(cache.statistics().disk_prefix_hit_pages == 1);
+    check_rows(cache, a, prompts[3]);
+    CHECK(cache.statistics().pages_written_to_disk == 7);
+    CHECK(files_in(directory) == 3);
+    CHECK(cache.statistics().disk_pages_used == 3);
+    CHECK(std::filesystem::exists(page_file(directory, prompts[3], 0)));
+    CHECK(!std::filesystem::exists(page_file(directory, prompts[4], 0)));
+    CHECK(std::filesystem::exists(page_file(directory, prompts[5], 0)));
+    CHECK(std::filesystem::exists(page_file(directory, prompts[6], 0)));
+}
+
+TEST_CASE("the host tier evicts its spilled prefix pages least recently used first") {
+    cache_type cache(layers, 3, page, true);
+    cache.attach_host_tier(2);
+    const auto x = tokens_from(100, page), y = tokens_from(200, page), z = tokens_from(300, page);
+    for (const auto& prompt : {x, y}) {
+        const auto id = cache.add_sequence();
+        append_tokens(cache, id, prompt);
+        cache.remove_sequence(id);
+    }
+    const auto filler = cache.add_sequence();
+    append_anonymous(cache, filler, 3 * page);  // evicts x, then y: both spilled, x first
+    cache.remove_sequence(filler);              // its pages go back to the free list
+    REQUIRE(cache.statistics().host_pages_cached == 2);
+    REQUIRE(cache.statistics().pages_free == 3);
+    // A match brings x back from the tier (into a free page: nothing is evicted),
+    // which makes x the tier's most recently used page.
+    const auto mx = cache.add_sequence();
+    CHECK(cache.match_prefix(mx, x) == page);
+    CHECK(cache.statistics().host_prefix_hit_pages == 1);
+    CHECK(cache.statistics().pages_spilled == 2);
+    // z spills into the full tier: y, spilled after x but used before it, goes.
+    const auto iz = cache.add_sequence();
+    append_tokens(cache, iz, z);
+    cache.remove_sequence(iz);
+    const auto filler2 = cache.add_sequence();
+    append_anonymous(cache, filler2, 2 * page);  // a free page, then z evicted (x is held)
+    cache.remove_sequence(filler2);
+    CHECK(cache.statistics().pages_spilled == 3);
+    CHECK(cache.statistics().host_pages_cached == 2);
+    // x is still in the tier: evicting its pool copy spills nothing new.
+    cache.remove_sequence(mx);
+    const auto filler3 = cache.add_sequence();
+    append_anonymous(cache, filler3, 3 * page);
+    cache.remove_sequence(filler3);
+    CHECK(cache.statistics().pages_spilled == 3);
+    const auto before = cache.statistics();
+    const auto qy = cache.add_sequence(), qx = cache.add_sequence(), qz = cache.add_sequence();
+    CHECK(cache.match_prefix(qy, y) == 0);  // y is gone from every tier
+    CHECK(cache.statistics().host_prefix_miss_pages == before.host_prefix_miss_pages + 1);
+    CHECK(cache.match_prefix(qx, x) == page);
+    CHECK(cache.match_prefix(qz, z) == page);
+    CHECK(cache.statistics().host_prefix_hit_pages == before.host_prefix_hit_pages + 2);
+    check_rows(cache, qx, x);
+    check_rows(cache, qz, z);
+}
+
+TEST_CASE("pages two prefix hits share are copied to the host tier once and come back shared") {
+    cache_type cache(layers, 8, page, true);
+    cache.attach_host_tier(8);
+    const auto prompt = tokens_from(600, 2 * page);
+    {
+        const auto a = cache.add_sequence();
+        append_tokens(cache, a, prompt);
+        cache.remove_sequence(a);  // two cached pages
+    }
+    const auto s1 = cache.add_sequence(), s2 = cache.add_sequence();
+    const auto tail1 = tokens_from(700, 2), tail2 = tokens_from(800, 3);
+    REQUIRE(cache.match_prefix(s1, prompt) == 2 * page);
+    REQUIRE(cache.match_prefix(s2, prompt) == 2 * page);
+    append_tokens(cache, s1, tail1);
+    append_tokens(cache, s2, tail2);
+    auto whole1 = prompt, whole2 = prompt;
+    whole1.insert(whole1.end(), tail1.begin(), tail1.end());
+    whole2.insert(whole2.end(), tail2.begin(), tail2.end());
+    REQUIRE(cache.pages(s1)[0] == cache.pages(s2)[0]);
+    REQUIRE(cache.pages(s1)[1] == cache.pages(s2)[1]);
+    REQUIRE(cache.statistics().pages_used == 4);  // two shared, one each of their own
+    cache.swap_out(s1);
+    auto st = cache.statistics();
+    CHECK(st.pages_swapped_out == 3);
+    CHECK(st.host_pages_used == 3);
+    cache.swap_out(s2);
+    st = cache.statistics();
+    CHECK(st.pages_swapped_out == 4);     // s2's shared pages were s1's copies
+    CHECK(st.swap_copies_avoided == 2);
+    CHECK(st.host_pages_used == 4);       // the distinct pages: two shared, two of their own
+    CHECK(st.pages_used == 0);
+    std::uint64_t copied_in = 0;
+    SUBCASE("the pool still caches the shared pages: they come back without a copy") {
+        cache.swap_in(s1);
+        cache.swap_in(s2);
+        copied_in = 2;  // the two own pages
+    }
+    SUBCASE("the pool reused the shared pages meanwhile: they are copied back once") {
+        const auto filler = cache.add_sequence();
+        append_anonymous(cache, filler, 8 * page);  // every pool page: the two cached ones evicted
+        cache.remove_sequence(filler);
+        CHECK(cache.statistics().pages_free == 8);
+        cache.swap_in(s1);
+        cache.swap_in(s2);
+        copied_in = 4;  // s1's three, then s2's own page: its shared two are s1's again
+    }
+    st = cache.statistics();
+    CHECK(st.pages_swapped_in == copied_in);
+    CHECK(st.host_pages_used == 0);
+    CHECK(st.pages_used == 4);
+    for (int i = 0; i < 2; ++i) {
+        INFO("page " << i);
+        CHECK(cache.pages(s1)[i] == cache.pages(s2)[i]);
+        CHECK(cache.page_references(cache.pages(s1)[i]) == 2);
+    }
+    CHECK(cache.pages(s1)[2] != cache.pages(s2)[2]);
+    check_rows(cache, s1, whole1);
+    check_rows(cache, s2, whole2);
 }
 
 TEST_CASE("a prefix page missed in a tier is counted there, once per tier asked") {

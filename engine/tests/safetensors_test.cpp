@@ -10,6 +10,7 @@
 #include "checkpoint_writer.hpp"
 #include "kvcache_engine/checkpoint_loader.hpp"
 #include "support/scratch_dir.hpp"
+#include "test_paths.hpp"
 
 using namespace kvcache::examples;
 using namespace kvcache::examples::testing;
@@ -268,7 +269,8 @@ namespace {
 
 // A config.json of engine/tests/configs, written by transformers 5.24 (LlamaConfig(...).save_pretrained).
 checkpoint_config read_fixture(const std::string& name) {
-    return parse_model_config(nlohmann::json::parse(std::ifstream(std::string(KVCACHE_MODEL_TEST_CONFIGS) + "/" + name)),
+    const std::string configs = kvcache_test::directory_from_environment("KVCACHE_MODEL_TEST_CONFIGS");
+    return parse_model_config(nlohmann::json::parse(std::ifstream(configs + "/" + name)),
                               name);
 }
 

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_paths.hpp"
+
 #include "kvcache_engine/checkpoint_loader.hpp"
 #include "kvcache_engine/evaluation.hpp"
 #include "kvcache_engine/evaluation_data.hpp"
@@ -20,7 +22,11 @@ using namespace kvcache::examples;
 
 namespace {
 
-const std::string model_dir = KVCACHE_TRAINED_MODEL_DIR;
+/// The shipped model (models/handbook-byte-llama; CTest sets KVCACHE_TRAINED_MODEL_DIR).
+const std::string& model_dir() {
+    static const std::string dir = kvcache_test::directory_from_environment("KVCACHE_TRAINED_MODEL_DIR");
+    return dir;
+}
 
 // The shipped model's head shape only: each configuration instantiates the whole cached path.
 using trained_configurations = configurations_for<kvcache::head_config<8, 2, 32>>;
@@ -42,10 +48,10 @@ constexpr double nats_per_token_tolerance = 1e-4;
 // compared.
 constexpr double decisive_margin = 1e-4;
 
-nlohmann::json recorded() { return nlohmann::json::parse(read_file_bytes(model_dir + "/results.json")); }
+nlohmann::json recorded() { return nlohmann::json::parse(read_file_bytes(model_dir() + "/results.json")); }
 
 llama_model load_model(thread_pool& pool) {
-    return llama_model(load_checkpoint(model_dir, read_model_config(model_dir)), pool);
+    return llama_model(load_checkpoint(model_dir(), read_model_config(model_dir())), pool);
 }
 
 }  // namespace
@@ -58,7 +64,7 @@ TEST_CASE("the trained model's held-out perplexity through the cache matches PyT
     llama_model model = load_model(pool);
     const int bos = 256;
     const auto windows =
-        byte_windows(read_file_bytes(model_dir + "/" + sample["file"].get<std::string>()), window_bytes, bos,
+        byte_windows(read_file_bytes(model_dir() + "/" + sample["file"].get<std::string>()), window_bytes, bos,
                      heldout_windows);
     REQUIRE(windows.size() == static_cast<std::size_t>(heldout_windows));
     REQUIRE(torch_nats.size() >= windows.size());
@@ -90,7 +96,7 @@ TEST_CASE("the trained model answers the shipped recall queries as PyTorch recor
     const std::vector<bool> torch_correct = set["correct"].get<std::vector<bool>>();
     const std::vector<double> margins = set["margins"].get<std::vector<double>>();
     const std::vector<std::vector<int>> torch_predicted = set["predicted"].get<std::vector<std::vector<int>>>();
-    std::vector<recall_item> items = read_recall_set(model_dir + "/" + set["file"].get<std::string>());
+    std::vector<recall_item> items = read_recall_set(model_dir() + "/" + set["file"].get<std::string>());
     REQUIRE(items.size() >= static_cast<std::size_t>(recall_texts));
     items.resize(recall_texts);
     thread_pool pool(1);
@@ -128,7 +134,7 @@ TEST_CASE("compaction when the pool runs short lets a small pool finish the gene
     thread_pool pool(1);
     llama_model model = load_model(pool);
     const int layers = model.config().num_layers;
-    const std::string text = read_file_bytes(model_dir + "/" + recorded()["heldout_sample"]["file"].get<std::string>());
+    const std::string text = read_file_bytes(model_dir() + "/" + recorded()["heldout_sample"]["file"].get<std::string>());
     std::vector<int> prompt = {256};
     for (int i = 0; i < 47; ++i) prompt.push_back(static_cast<unsigned char>(text[std::size_t(i)]));
     const int new_tokens = 40, page = 4;

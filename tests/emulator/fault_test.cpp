@@ -2,6 +2,7 @@
 // block and thread; and the emulator stays usable afterwards.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,8 +36,9 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 struct no_params {};
 
-/// Counts live instances, to prove that fibers abandoned by a fault are unwound.
-int live_guards = 0;
+/// Counts live instances, to prove that fibers abandoned by a fault are unwound. Atomic because
+/// with worker_threads > 1 blocks on two OS threads make and drop guards at the same time.
+std::atomic<int> live_guards{0};
 struct guard {
     std::vector<int> payload = std::vector<int>(16, 1);  // heap memory LeakSanitizer would report
     guard() { ++live_guards; }

@@ -230,6 +230,8 @@ TEST_CASE("a tier or a pool too small refuses with nothing changed") {
 
 namespace {
 std::string fresh_directory(const std::string& name);
+std::filesystem::path page_file(const std::string& directory, const std::vector<std::int32_t>& tokens, int index);
+int files_in(const std::string& directory);
 }  // namespace
 
 TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a model of every sequence") {
@@ -389,7 +391,83 @@ TEST_CASE("cached prefix pages the pool evicts spill to the host tier, and a mat
         CHECK(cache.match_prefix(d, lookup) == 3 * page);
         CHECK(cache.statistics().host_prefix_hit_pages == 3);
         CHECK(cache.pages(d)[0] == cache.pages(c)[0]);
+        // Bytes moved and hits per tier: three pages each way, then three hits the pool served itself.
+        const auto moved = cache.statistics();
+        const std::size_t page_bytes = cache.page_bytes();
+        CHECK(moved.bytes_spilled == moved.pages_spilled * page_bytes);  // b's pages spilled too as c's came back
+        CHECK(moved.bytes_brought_back_from_host == 3 * page_bytes);
+        CHECK(moved.pool_prefix_hit_pages == 3);
+        CHECK(moved.prefix_hit_pages == 6);
+        CHECK(moved.host_bytes_total == 4 * page_bytes);
+        CHECK(moved.host_bytes_cached == std::size_t(moved.host_pages_cached) * page_bytes);
     }
+}
+
+TEST_CASE("with every host-tier page held by swapped sequences, an evicted prefix page goes to disk, not away") {
+    const std::string directory = fresh_directory("held_tier");
+    cache_type cache(layers, 3, page, true);
+    cache.attach_host_tier(2);
+    cache.attach_disk_tier(directory, 4);
+    const auto swapped = cache.add_sequence();
+    const auto swapped_tokens = tokens_from(10, 2 * page);
+    append_tokens(cache, swapped, swapped_tokens);
+    cache.swap_out(swapped);  // both host-tier pages held
+    cache.clear_prefix_cache();  // the pool's cached copies of the swapped pages go: only the prompt's page stays
+    REQUIRE(cache.statistics().host_pages_used == 2);
+    const auto prompt = tokens_from(300, page);
+    const auto a = cache.add_sequence();
+    append_tokens(cache, a, prompt);
+    cache.remove_sequence(a);  // its page stays cached in the pool
+    REQUIRE(cache.statistics().pages_evictable == 1);
+    const auto b = cache.add_sequence();
+    append_tokens(cache, b, tokens_from(700, 3 * page));  // the whole pool: the cached page is evicted
+    const auto st = cache.statistics();
+    CHECK(st.evictions == 1);
+    CHECK(st.pages_spilled == 0);  // the host tier had no page to give
+    CHECK(st.pages_written_to_disk == 1);
+    CHECK(files_in(directory) == 1);
+    CHECK(std::filesystem::exists(page_file(directory, prompt, 0)));
+    cache.remove_sequence(b);
+    const auto c = cache.add_sequence();
+    CHECK(cache.match_prefix(c, prompt) == page);
+    CHECK(cache.statistics().disk_prefix_hit_pages == 1);
+    check_rows(cache, c, prompt);
+    cache.swap_in(swapped);
+    check_rows(cache, swapped, swapped_tokens);
+}
+
+TEST_CASE("a page file that cannot be written evicts nothing from the disk tier") {
+    // A pool of one page, a host tier of one, a disk tier of one: each one-page
+    // prompt cached in turn pushes the one before it to the host tier and the
+    // one before that to disk (as in the LRU case below).
+    const std::string directory = fresh_directory("failed_write");
+    cache_type cache(layers, 1, page, true);
+    cache.attach_host_tier(1);
+    cache.attach_disk_tier(directory, 1);
+    std::vector<std::vector<std::int32_t>> prompts;
+    for (int p = 0; p < 4; ++p) prompts.push_back(tokens_from(100 * (p + 1), page));
+    const auto cache_prompt = [&](int p) {
+        const auto id = cache.add_sequence();
+        append_tokens(cache, id, prompts[p]);
+        cache.remove_sequence(id);
+    };
+    for (int p = 0; p < 3; ++p) cache_prompt(p);
+    REQUIRE(std::filesystem::exists(page_file(directory, prompts[0], 0)));
+    // A directory where prompt 1's file is written first makes its write fail.
+    const auto blocker = page_file(directory, prompts[1], 0).string() + ".partial";
+    std::filesystem::create_directory(blocker);
+    cache_prompt(3);  // prompt 2 to the host tier, prompt 1 to disk: refused
+    const auto st = cache.statistics();
+    CHECK(st.disk_write_failures == 1);
+    CHECK(st.pages_written_to_disk == 1);
+    CHECK(st.disk_pages_used == 1);
+    CHECK(std::filesystem::exists(page_file(directory, prompts[0], 0)));  // the full tier kept its page
+    CHECK(!std::filesystem::exists(page_file(directory, prompts[1], 0)));
+    std::filesystem::remove(blocker);
+    const auto a = cache.add_sequence();
+    CHECK(cache.match_prefix(a, prompts[0]) == page);
+    CHECK(cache.statistics().disk_prefix_hit_pages == 1);
+    check_rows(cache, a, prompts[0]);
 }
 
 TEST_CASE("a swap out may take the tier's spilled pages, least recently spilled first") {

@@ -29,6 +29,7 @@ struct disk_tier_counters {
     std::uint64_t loaded = 0;   ///< pages read back intact
     std::uint64_t damaged = 0;  ///< reads refused: missing, damaged or foreign file (each a miss)
     std::uint64_t bytes_written = 0, bytes_read = 0;
+    std::uint64_t write_failures = 0;  ///< pages whose file could not be written (each lost, a later miss)
 };
 
 /// Up to `pages` page files in one directory, indexed by the page's chained
@@ -90,11 +91,11 @@ public:
     }
 
     /// Writes one page (evicting the least recently used file when full).
-    /// A failed write keeps nothing: the page is lost, a later miss.
+    /// A failed write keeps nothing of the new page (a later miss) and evicts
+    /// nothing: the least recently used file goes only once the new one is in place.
     void store(std::uint64_t hash, std::uint64_t parent, const std::vector<std::int32_t>& tokens,
                const key_rows& keys, const value_rows& values) {
         if (capacity_ == 0 || index_.count(hash)) return;
-        if (count() == capacity_) forget(lru_.begin()->second);
         sequence_record<Element> record;
         record.length = static_cast<int>(tokens.size());
         for (int p = 0; p < record.length; ++p) record.positions.push_back(p);
@@ -117,8 +118,10 @@ public:
                     "'");
         } catch (...) {
             std::remove(partial.c_str());
+            ++counters_.write_failures;
             return;
         }
+        if (count() == capacity_) forget(lru_.begin()->second);
         entry e{parent, tokens, ++clock_};
         lru_.insert({e.last_use, hash});
         index_.emplace(hash, std::move(e));

@@ -59,6 +59,13 @@ struct pool_statistics {
     std::uint64_t disk_prefix_miss_pages = 0; ///< of host_prefix_miss_pages, pages then not read back from a file
                                               ///< (no file for them, or one refused: see disk_pages_refused)
     std::uint64_t bytes_written_to_disk = 0, bytes_read_from_disk = 0;
+    std::uint64_t pool_prefix_hit_pages = 0;  ///< of prefix_hit_pages, pages the pool still held (no copy)
+    std::size_t host_bytes_total = 0;         ///< bytes of host_pages_total
+    std::size_t host_bytes_used = 0;          ///< bytes of host_pages_used
+    std::size_t host_bytes_cached = 0;        ///< bytes of host_pages_cached
+    std::size_t bytes_spilled = 0;            ///< bytes of pages_spilled (pool -> host tier)
+    std::size_t bytes_brought_back_from_host = 0; ///< bytes of host_prefix_hit_pages (host tier -> pool)
+    std::uint64_t disk_write_failures = 0;    ///< pages whose file could not be written (lost: later misses)
 
     /// Hit pages / queried pages (0 before any query).
     double hit_rate() const noexcept {

@@ -621,6 +621,13 @@ public:
         st.disk_prefix_miss_pages = disk_misses_;
         st.bytes_written_to_disk = disk_.counters().bytes_written;
         st.bytes_read_from_disk = disk_.counters().bytes_read;
+        st.pool_prefix_hit_pages = hits_ - host_hits_ - disk_hits_;
+        st.host_bytes_total = page_bytes * std::size_t(st.host_pages_total);
+        st.host_bytes_used = page_bytes * std::size_t(st.host_pages_used);
+        st.host_bytes_cached = page_bytes * std::size_t(st.host_pages_cached);
+        st.bytes_spilled = page_bytes * spilled_pages_;
+        st.bytes_brought_back_from_host = page_bytes * host_hits_;
+        st.disk_write_failures = disk_.counters().write_failures;
         return st;
     }
     std::size_t bytes_reserved() const { return statistics().bytes_reserved; }
@@ -664,11 +671,17 @@ private:
 
     /// Copies a cached page about to be evicted into the host tier's prefix
     /// index (evicting the tier's least recently spilled page if it is full).
+    /// When every host-tier page is held (swapped sequences, pinned hits), the
+    /// page goes straight to the disk tier, if there is one, rather than being lost.
     void spill(int victim, std::optional<typename Memory::stream_type> stream) {
-        if (victim < 0 || tier_.size() == 0 || tier_.available() == 0) return;
+        if (victim < 0 || tier_.size() == 0) return;
         const std::vector<std::int32_t>& tokens = pool_.tokens_of(victim);
         const std::uint64_t hash = pool_.hash_of(victim), parent = pool_.parent_of(victim);
         if (tier_.find(hash, parent, tokens.data(), static_cast<int>(tokens.size())) >= 0) return;  // spilled before
+        if (tier_.available() == 0) {
+            if (disk_.size() > 0) spill_pool_page_to_disk(victim, hash, parent, tokens);
+            return;
+        }
         const int host = allocate_host_page();
         if (stream) {
             copy_page_to_host(victim, host, *stream);
@@ -713,6 +726,23 @@ private:
             token_major(tier_.values(l, host), values[l]);
         }
         disk_.store(tier_.hash_of(host), tier_.parent_of(host), tier_.tokens_of(host), keys, values);
+    }
+
+    /// Writes pool page `victim` to the disk tier as token-major rows (the
+    /// host tier had no page to give). Waits for the pool's pending writes.
+    void spill_pool_page_to_disk(int victim, std::uint64_t hash, std::uint64_t parent,
+                                 const std::vector<std::int32_t>& tokens) {
+        if (disk_.contains(hash, parent, tokens.data(), static_cast<int>(tokens.size()))) return;
+        Memory::synchronize();  // a plan's stream may still be writing the page's rows
+        typename detail::disk_tier<Element>::key_rows keys(layers_);
+        typename detail::disk_tier<Element>::value_rows values(layers_);
+        for (int l = 0; l < layers_; ++l) {
+            keys[l].resize(std::size_t(page_size_) * this->kv_heads() * row_of<key_type>);
+            values[l].resize(std::size_t(page_size_) * this->kv_heads() * row_of<value_type>);
+            gather_side<Memory>(keys[l].data(), keys_[l].data(), victim, 0, page_size_);
+            gather_side<Memory>(values[l].data(), values_[l].data(), victim, 0, page_size_);
+        }
+        disk_.store(hash, parent, tokens, keys, values);
     }
 
     /// A pool page (one reference, published) holding a page read from the

@@ -56,21 +56,31 @@ struct float8 {
     }
     // fp8 widens through binary16 and F16C (which the AVX2 path implies):
     // e5m2 is a half's top byte; e4m3 shifted into a half reads 2^-8 of its
-    // value, exactly, and its lone NaN (S.1111.111) is patched in.
+    // value, exactly (e4m3_as_half), and its lone NaN (S.1111.111), which
+    // that reads as +-480 (past e4m3's largest finite, 448), is made a NaN of
+    // its sign by setting the quiet-NaN bits.
     static float8 load(const float8_e5m2* p) noexcept {
         const __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
         return {_mm256_cvtph_ps(_mm_slli_epi16(bytes, 8))};
     }
     static float8 load(const float8_e4m3* p) noexcept {
-        const __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-        const __m128i magnitude = _mm_and_si128(bytes, _mm_set1_epi16(0x7f));
-        const __m128i as_half = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x80)), 8),
-                                             _mm_slli_epi16(magnitude, 7));
-        const __m256 value = _mm256_mul_ps(_mm256_cvtph_ps(as_half), _mm256_set1_ps(256.0f));
-        const __m256 is_nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7f))));
-        const __m256 nan = _mm256_or_ps(_mm256_and_ps(value, _mm256_set1_ps(-0.0f)),
-                                        _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
-        return {_mm256_blendv_ps(value, nan, is_nan)};
+        const __m128i as_half = e4m3_as_half(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+        const __m256i value = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtph_ps(as_half), _mm256_set1_ps(256.0f)));
+        const __m256i is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(value, _mm256_set1_epi32(0x7fffffff)),
+                                                  _mm256_set1_epi32(e4m3_nan_as_float_bits));
+        return {_mm256_castsi256_ps(_mm256_or_si256(value, _mm256_and_si256(is_nan, _mm256_set1_epi32(0x7fc00000))))};
+    }
+    /// Bits of +480.0f, what e4m3's NaN magnitude (0x7f) reads as once widened through e4m3_as_half.
+    static constexpr int e4m3_nan_as_float_bits = 0x43f00000;
+    /// e4m3 codes sign-extended to 16 bits, as binary16 of 2^-8 their value: shifted left 7, the sign
+    /// lands on bits 15 and 14 and the magnitude on 13..7; clearing bit 14 leaves the half.
+    /// @tparam Vector __m128i (8 codes) or __m256i (16 codes)
+    template <class Vector>
+    static Vector e4m3_as_half(Vector sign_extended) noexcept {
+        if constexpr (sizeof(Vector) == 16)
+            return _mm_and_si128(_mm_slli_epi16(sign_extended, 7), _mm_set1_epi16(static_cast<short>(0xbfff)));
+        else
+            return _mm256_and_si256(_mm256_slli_epi16(sign_extended, 7), _mm256_set1_epi16(static_cast<short>(0xbfff)));
     }
     // int8 rows widen unscaled (sign-extended to 32 bits, then converted): the
     // kernels apply the row's scale once per row, not per lane.
@@ -142,8 +152,17 @@ struct float16 {
             _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
         return {_mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, widened, 16))};
     }
-    // fp8 as two of float8's exact 8-lane widenings, put side by side.
-    static float16 load(const float8_e4m3* p) noexcept { return joined(float8::load(p), float8::load(p + 8)); }
+    // e4m3 as float8's, 16 lanes at once (AVX-512F only: the 16-bit steps on
+    // 256-bit registers, the NaN test on 32-bit lanes); e5m2 as two of float8's.
+    static float16 load(const float8_e4m3* p) noexcept {
+        const __m256i as_half =
+            float8::e4m3_as_half(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+        const __m512i value = _mm512_castps_si512(
+            _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xffff, as_half), _mm512_set1_ps(256.0f)));
+        const __mmask16 is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(value, _mm512_set1_epi32(0x7fffffff)),
+                                                         _mm512_set1_epi32(float8::e4m3_nan_as_float_bits));
+        return {_mm512_castsi512_ps(_mm512_mask_or_epi32(value, is_nan, value, _mm512_set1_epi32(0x7fc00000)))};
+    }
     static float16 load(const float8_e5m2* p) noexcept { return joined(float8::load(p), float8::load(p + 8)); }
     static float16 load(const qint8* p) noexcept {
         // maskz forms, as above; unscaled like float8's.

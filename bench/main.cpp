@@ -32,6 +32,7 @@ const benchmark_entry all_benchmarks[] = {
     {"dynamic_heads", run_dynamic_heads},
     {"host_tier", run_host_tier},
     {"element_types", run_element_types},
+    {"prefix_tiers", run_prefix_tiers},
 };
 
 // --backend cuda's benchmarks (cuda/cuda_bench.cpp); the copy always runs, as the others' yardstick.

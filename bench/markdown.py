@@ -132,6 +132,17 @@ def main():
                      "swap_in / memcpy rate (per-round min .. max)"], rows))
 
     rows = []
+    for r in of("prefix_tiers"):
+        p, m = r["params"], r["metrics"]
+        rows.append([p["tier"], p["element"], str(p["context"]), str(p["layers"]), str(p["bytes"]),
+                     spread(m, "bring_back_ms"), spread(m, "copy_ms"),
+                     f'{m["bring_back_fraction_of_copy"]:.2f} ({m["fraction_min"]:.2f} .. {m["fraction_max"]:.2f})'])
+    if rows:
+        print("### prefix_tiers\n")
+        print(table(["tier", "element", "context", "layers", "bytes", "match_prefix ms", "memcpy ms",
+                     "bring-back / memcpy rate (per-round min .. max)"], rows))
+
+    rows = []
     for r in of("element_types"):
         p, m = r["params"], r["metrics"]
         rows.append([p["layout"], p["heads"], str(p["context"]), p["element"], spread(m, "ms_per_step"),

@@ -51,7 +51,8 @@ std::string snapshot(const Cache& cache) {
             << s.pages_swapped_in << "," << s.swap_copies_avoided << "," << s.pages_spilled << ","
             << s.host_prefix_hit_pages << "," << s.pages_written_to_disk << "," << s.disk_prefix_hit_pages << ","
             << s.disk_pages_refused << "," << s.bytes_written_to_disk << "," << s.bytes_read_from_disk << ","
-            << s.pool_prefix_miss_pages << "," << s.host_prefix_miss_pages << "," << s.disk_prefix_miss_pages;
+            << s.pool_prefix_miss_pages << "," << s.host_prefix_miss_pages << "," << s.disk_prefix_miss_pages << ","
+            << s.disk_write_failures;
         for (auto id : cache.sequences()) out << (cache.swapped_out(id) ? "s" : "r");
         for (auto id : cache.sequences())
             for (int p : cache.pages(id)) out << ";" << p << "x" << cache.page_references(p);

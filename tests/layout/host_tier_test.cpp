@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <iterator>
 #include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -230,6 +233,20 @@ TEST_CASE("a tier or a pool too small refuses with nothing changed") {
 
 namespace {
 std::string fresh_directory(const std::string& name);
+
+/// The cache's snapshot and every page file of its disk tier (name and
+/// contents), so a refused call is seen to have written or deleted no file.
+std::string tier_snapshot(const cache_type& cache, const std::string& directory) {
+    std::ostringstream out;
+    out << test_support::snapshot(cache) << "|files";
+    std::map<std::string, std::string> files;  // sorted: the directory's order is not
+    for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+        std::ifstream in(entry.path(), std::ios::binary);
+        files[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    for (const auto& file : files) out << ";" << file.first << ":" << std::hash<std::string>{}(file.second);
+    return out.str();
+}
 std::filesystem::path page_file(const std::string& directory, const std::vector<std::int32_t>& tokens, int index);
 int files_in(const std::string& directory);
 }  // namespace
@@ -242,7 +259,8 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
         const auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(random); };
         cache_type cache(layers, 14, page, true);
         cache.attach_host_tier(10);
-        cache.attach_disk_tier(fresh_directory("random_" + std::to_string(seed)), 6);
+        const std::string directory = fresh_directory("random_" + std::to_string(seed));
+        cache.attach_disk_tier(directory, 6);
         std::map<kvcache::sequence_id, std::vector<std::int32_t>> model;
         const std::vector<std::vector<std::int32_t>> prompts = {tokens_from(1000, 9), tokens_from(2000, 5),
                                                                 tokens_from(1000, 4)};
@@ -252,7 +270,7 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
             for (const auto& entry : model) ids.push_back(entry.first);
             const auto any = [&] { return ids[pick(int(ids.size()))]; };
             const int op = ids.empty() ? 0 : pick(8);
-            const std::string before = test_support::snapshot(cache);
+            const std::string before = tier_snapshot(cache, directory);
             try {
                 if (op == 0) {  // a new request, sharing a cached prompt prefix when one matches
                     const auto id = cache.add_sequence();
@@ -309,13 +327,13 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
                 } else {  // swap in what fits, each call all or nothing
                     for (auto id : ids) {
                         if (!cache.swapped_out(id)) continue;
-                        const std::string untouched = test_support::snapshot(cache);
+                        const std::string untouched = tier_snapshot(cache, directory);
                         try {
                             cache.swap_in(id);
                             ++swaps;
                         } catch (const kvcache::error& e) {
                             REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
-                            CHECK(test_support::snapshot(cache) == untouched);
+                            CHECK(tier_snapshot(cache, directory) == untouched);
                             ++refused;
                         }
                     }
@@ -325,7 +343,7 @@ TEST_CASE("randomised: swap, fork, prefix hits, truncate and removal against a m
                 REQUIRE(e.code() == kvcache::error_code::capacity_exceeded);
                 // Only a fresh request is dropped; anything else left the cache as it was.
                 INFO("step " << step << ", operation " << op << ": " << std::string(e.what()));
-                if (op != 0) CHECK(test_support::snapshot(cache) == before);
+                if (op != 0) CHECK(tier_snapshot(cache, directory) == before);
             }
             for (const auto& entry : model) check_rows(cache, entry.first, entry.second);
             const auto st = cache.statistics();

@@ -415,13 +415,17 @@ int run_tier_mode(ex::llama_model& model, const ex::model_config& config, int co
     report("host tier", host_times);
     report("disk tier", disk_times);
     const auto st = tiered.statistics();
-    const double page_mib = double(st.bytes_reserved) / st.pages_total / (1 << 20);
+    constexpr double mib = 1 << 20;
     std::printf("moved: host tier %llu pages (%.2f MiB) spilled in, %llu pages (%.2f MiB) brought back; disk tier %llu "
                 "pages (%.2f MiB) written, %llu pages (%.2f MiB) read\n",
-                static_cast<unsigned long long>(st.pages_spilled), double(st.pages_spilled) * page_mib,
-                static_cast<unsigned long long>(st.host_prefix_hit_pages), double(st.host_prefix_hit_pages) * page_mib,
-                static_cast<unsigned long long>(st.pages_written_to_disk), double(st.bytes_written_to_disk) / (1 << 20),
-                static_cast<unsigned long long>(st.disk_prefix_hit_pages), double(st.bytes_read_from_disk) / (1 << 20));
+                static_cast<unsigned long long>(st.pages_spilled), double(st.bytes_spilled) / mib,
+                static_cast<unsigned long long>(st.host_prefix_hit_pages), double(st.bytes_brought_back_from_host) / mib,
+                static_cast<unsigned long long>(st.pages_written_to_disk), double(st.bytes_written_to_disk) / mib,
+                static_cast<unsigned long long>(st.disk_prefix_hit_pages), double(st.bytes_read_from_disk) / mib);
+    std::printf("prefix pages hit: %llu in the pool (no copy), %llu in the host tier, %llu on disk\n",
+                static_cast<unsigned long long>(st.pool_prefix_hit_pages),
+                static_cast<unsigned long long>(st.host_prefix_hit_pages),
+                static_cast<unsigned long long>(st.disk_prefix_hit_pages));
     std::printf("prefix pages missed: %llu in the pool, %llu in the host tier, %llu on disk (%llu page files "
                 "refused)\n",
                 static_cast<unsigned long long>(st.pool_prefix_miss_pages),

@@ -1,7 +1,8 @@
 // The CPU kernels' vector loads (backend/cpu/simd.hpp) widen every code of
 // every narrow storage type to exactly the float the type's own conversion
-// gives: all 65,536 binary16 and bfloat16 codes, all 256 codes of both fp8
-// formats and of int8. NaN codes must widen to a NaN of the same sign.
+// gives, bit for bit: all 65,536 binary16 and bfloat16 codes (whose NaNs
+// need only be NaNs of the same sign), all 256 codes of both fp8 formats and
+// of int8 (NaNs with their payload: e4m3's is the canonical quiet NaN).
 // Built three ways (portable, AVX2, -march=native): each build checks its own
 // loads (the 8-lane ones, and the 16-lane ones where the build has AVX-512).
 #include <doctest/doctest.h>
@@ -46,8 +47,11 @@ int mismatches(const std::vector<Element>& codes) {
         Vec::load(codes.data() + first).store(lanes);
         for (int i = 0; i < Vec::lanes; ++i) {
             const float want = exact(codes[first + i]), got = lanes[i];
-            const bool same = std::isnan(want) ? std::isnan(got) && std::signbit(got) == std::signbit(want)
-                                               : std::memcmp(&want, &got, sizeof want) == 0;
+            // A 16-bit NaN's payload is not promised (F16C keeps it, the software widening need
+            // not): NaN and sign only. Every other code, fp8's and int8's NaN included, bit for bit.
+            const bool loose_nan = sizeof(Element) == 2 && want != want;
+            const bool same = loose_nan ? got != got && std::signbit(got) == std::signbit(want)
+                                        : std::memcmp(&want, &got, sizeof want) == 0;
             if (!same && ++wrong <= 3)
                 MESSAGE("code ", first + i, ": widened to ", got, ", the type gives ", want);
         }

@@ -57,8 +57,8 @@ struct float8 {
     // fp8 widens through binary16 and F16C (which the AVX2 path implies):
     // e5m2 is a half's top byte; e4m3 shifted into a half reads 2^-8 of its
     // value, exactly (e4m3_as_half), and its lone NaN (S.1111.111), which
-    // that reads as +-480 (past e4m3's largest finite, 448), is made a NaN of
-    // its sign by setting the quiet-NaN bits.
+    // that reads as +-480 (past e4m3's largest finite, 448), becomes the
+    // canonical quiet NaN of its sign, as core's widening gives.
     static float8 load(const float8_e5m2* p) noexcept {
         const __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
         return {_mm256_cvtph_ps(_mm_slli_epi16(bytes, 8))};
@@ -68,7 +68,10 @@ struct float8 {
         const __m256i value = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtph_ps(as_half), _mm256_set1_ps(256.0f)));
         const __m256i is_nan = _mm256_cmpeq_epi32(_mm256_and_si256(value, _mm256_set1_epi32(0x7fffffff)),
                                                   _mm256_set1_epi32(e4m3_nan_as_float_bits));
-        return {_mm256_castsi256_ps(_mm256_or_si256(value, _mm256_and_si256(is_nan, _mm256_set1_epi32(0x7fc00000))))};
+        // The NaN lanes' 0x43f00000 becomes 0x7fc00000 (the canonical quiet NaN core widens to): xor
+        // with the difference, the sign untouched.
+        const __m256i to_nan = _mm256_set1_epi32(0x43f00000 ^ 0x7fc00000);
+        return {_mm256_castsi256_ps(_mm256_xor_si256(value, _mm256_and_si256(is_nan, to_nan)))};
     }
     /// Bits of +480.0f, what e4m3's NaN magnitude (0x7f) reads as once widened through e4m3_as_half.
     static constexpr int e4m3_nan_as_float_bits = 0x43f00000;
@@ -161,7 +164,8 @@ struct float16 {
             _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xffff, as_half), _mm512_set1_ps(256.0f)));
         const __mmask16 is_nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(value, _mm512_set1_epi32(0x7fffffff)),
                                                          _mm512_set1_epi32(float8::e4m3_nan_as_float_bits));
-        return {_mm512_castsi512_ps(_mm512_mask_or_epi32(value, is_nan, value, _mm512_set1_epi32(0x7fc00000)))};
+        return {_mm512_castsi512_ps(
+            _mm512_mask_xor_epi32(value, is_nan, value, _mm512_set1_epi32(0x43f00000 ^ 0x7fc00000)))};
     }
     static float16 load(const float8_e5m2* p) noexcept { return joined(float8::load(p), float8::load(p + 8)); }
     static float16 load(const qint8* p) noexcept {

@@ -60,17 +60,68 @@ std::string snapshot(const Cache& cache) {
     return out.str();
 }
 
+/// Version 1's checksum, 64-bit FNV-1a, as docs/layouts.md defines it.
+inline std::uint64_t documented_fnv1a(const std::string& bytes) {
+    std::uint64_t hash = 14695981039346656037ull;
+    for (unsigned char c : bytes) hash = (hash ^ c) * 1099511628211ull;
+    return hash;
+}
+
+/// Version 2's checksum as docs/layouts.md defines it, written from that text
+/// over a whole buffer at once (the library hashes in pieces as it streams).
+inline std::uint64_t documented_striped_hash(const std::string& bytes) {
+    constexpr std::uint64_t p1 = 0x9e3779b185ebca87ull, p2 = 0xc2b2ae3d27d4eb4full, p3 = 0x165667b19e3779f9ull,
+                            p4 = 0x85ebca77c2b2ae63ull, p5 = 0x27d4eb2f165667c5ull;
+    auto rotl = [](std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+    auto round = [&](std::uint64_t lane, std::uint64_t w) { return rotl(lane + w * p2, 31) * p1; };
+    auto word = [&](std::size_t at) {  // little-endian, whatever the host
+        std::uint64_t w = 0;
+        for (int b = 7; b >= 0; --b) w = (w << 8) | static_cast<unsigned char>(bytes[at + b]);
+        return w;
+    };
+    std::uint64_t lane[4] = {p1 + p2, p2, 0, 0 - p1};
+    std::size_t at = 0;
+    for (; at + 32 <= bytes.size(); at += 32)
+        for (int i = 0; i < 4; ++i) lane[i] = round(lane[i], word(at + 8 * i));
+    std::uint64_t h = rotl(lane[0], 1) + rotl(lane[1], 7) + rotl(lane[2], 12) + rotl(lane[3], 18);
+    h = (h ^ std::uint64_t(bytes.size())) * p2;
+    for (; at + 8 <= bytes.size(); at += 8) h = rotl(h ^ round(0, word(at)), 27) * p1 + p4;
+    for (; at < bytes.size(); ++at) h = rotl(h ^ (static_cast<unsigned char>(bytes[at]) * p5), 11) * p1;
+    h ^= h >> 33;
+    h *= p2;
+    h ^= h >> 29;
+    h *= p3;
+    return h ^ (h >> 32);
+}
+
+/// `payload` followed by the checksum format `version` carries.
+inline std::string with_checksum(const std::string& payload, std::uint32_t version) {
+    const std::uint64_t sum = version <= 1 ? documented_fnv1a(payload) : documented_striped_hash(payload);
+    std::string out = payload;
+    out.append(reinterpret_cast<const char*>(&sum), sizeof sum);
+    return out;
+}
+
+/// A saved file rewritten as format `version`: the version field set and the
+/// checksum recomputed as that version defines it.
+inline std::string as_version(const std::string& file, std::uint32_t version) {
+    std::string payload = file.substr(0, file.size() - 8);
+    std::memcpy(&payload[8], &version, sizeof version);
+    return with_checksum(payload, version);
+}
+
 /// Cache files written by hand from the format in docs/layouts.md (not with
 /// the library's writer), so tests can make files no owner would save.
 class file_builder {
 public:
     /// Starts a file: layout and element kinds as their enum values, heads,
-    /// layers, the three layout parameters and the sequence count.
+    /// layers, the three layout parameters, the sequence count and the format
+    /// version (which picks the checksum).
     file_builder(std::uint32_t layout, std::uint32_t element, int query_heads, int kv_heads, int head_dim, int layers,
-                 int p0, int p1, int p2, std::uint32_t sequences)
-        : layers_(layers), row_bytes_(std::size_t(kv_heads) * head_dim * (element == 0 ? 4 : 2)) {
+                 int p0, int p1, int p2, std::uint32_t sequences, std::uint32_t version = 2)
+        : layers_(layers), row_bytes_(std::size_t(kv_heads) * head_dim * (element == 0 ? 4 : 2)), version_(version) {
         bytes_.append("KVCACHE", 8);  // seven letters and the terminating NUL
-        put<std::uint32_t>(1);
+        put<std::uint32_t>(version);
         put(layout);
         put(element);
         for (int v : {query_heads, kv_heads, head_dim, layers, p0, p1, p2}) put<std::int32_t>(v);
@@ -91,19 +142,14 @@ public:
     void put(T v) {
         bytes_.append(reinterpret_cast<const char*>(&v), sizeof v);
     }
-    /// The bytes so far followed by their FNV-1a 64 checksum.
-    std::string finish() const {
-        std::uint64_t hash = 14695981039346656037ull;
-        for (unsigned char c : bytes_) hash = (hash ^ c) * 1099511628211ull;
-        std::string out = bytes_;
-        out.append(reinterpret_cast<const char*>(&hash), sizeof hash);
-        return out;
-    }
+    /// The bytes so far followed by their version's checksum.
+    std::string finish() const { return with_checksum(bytes_, version_); }
 
 private:
     std::string bytes_;
     int layers_;
     std::size_t row_bytes_;
+    std::uint32_t version_;
 };
 
 /// Rows [token][row] of tokens at positions first, first + 1, ...: each

@@ -1,13 +1,14 @@
 // The versioned binary format of saved caches, shared by every owner.
 //
 //   "KVCACHE\0"  8 bytes magic
-//   u32 version (1), u32 layout_kind, u32 element kinds (encode_kv_kinds: the
+//   u32 version (2; 1 still loads), u32 layout_kind, u32 element kinds (encode_kv_kinds: the
 //   element_kind, or for keys and values of two types key | (value + 1) << 8),
 //   i32 query_heads, kv_heads, head_dim, layers, i32 parameters[3], u32 sequences
 //   per sequence: i32 length, i32 present, i32 positions[present],
 //                 i32 tokens, i32 token_ids[tokens],
 //                 per layer: keys [present][kv_head][key row], values [present][kv_head][value row]
-//   u64 checksum: FNV-1a over every byte before it
+//   u64 checksum over every byte before it: the striped hash (checksum.hpp);
+//   FNV-1a in version 1 files
 // Little-endian, rows as stored (native element bits; int8 and int4 rows
 // with their scales), a row of each side's type. A load reads from
 // the stream's position to its end: that is the file, nothing may follow.
@@ -24,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvcache/cache/checksum.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/core/error.hpp"
 #include "kvcache/core/heads.hpp"
@@ -35,7 +37,9 @@ namespace kvcache {
 namespace detail {
 
 inline constexpr char file_magic[8] = {'K', 'V', 'C', 'A', 'C', 'H', 'E', '\0'};
-inline constexpr std::uint32_t file_version = 1;
+/// The version save writes. Version 1 differs only in its checksum (FNV-1a);
+/// it still loads.
+inline constexpr std::uint32_t file_version = 2;
 
 /// What a file says about the cache it came from.
 struct file_header {
@@ -65,27 +69,19 @@ struct sequence_record {
     std::vector<std::vector<value_element_t<Element>>> values;  ///< [layer]
 };
 
-/// FNV-1a, 64 bit: cheap, and catches flipped or missing bytes.
-inline std::uint64_t fnv1a(std::uint64_t hash, const void* data, std::size_t bytes) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-    return hash;
-}
-inline constexpr std::uint64_t fnv1a_seed = 14695981039346656037ull;
-
 /// Writes bytes and keeps the running checksum.
 class checked_writer {
 public:
     explicit checked_writer(std::ostream& out) : out_(out) {}
     void bytes(const void* data, std::size_t n) {
-        hash_ = fnv1a(hash_, data, n);
+        sum_.update(data, n);
         out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
         if (!out_) throw_error(error_code::io_error, "writing ", n, " bytes to the stream failed");
     }
     template <class T>
     void value(T v) { bytes(&v, sizeof v); }
     void finish() {
-        const std::uint64_t sum = hash_;
+        const std::uint64_t sum = sum_.value();
         out_.write(reinterpret_cast<const char*>(&sum), sizeof sum);
         out_.flush();
         if (!out_) throw_error(error_code::io_error, "writing the checksum to the stream failed");
@@ -93,7 +89,7 @@ public:
 
 private:
     std::ostream& out_;
-    std::uint64_t hash_ = fnv1a_seed;
+    file_checksum sum_{file_version};
 };
 
 /// Bytes of the fixed header, and of the smallest record (length, present,
@@ -135,7 +131,9 @@ private:
 
 /// Reads a stream whose size is known, keeping the running checksum, so
 /// every count can be checked against the bytes that remain before anything
-/// is allocated for it.
+/// is allocated for it. The checksum's algorithm depends on the file's
+/// version, so the bytes before it (magic and version) are kept until
+/// start_checksum() names it.
 class checked_reader {
 public:
     checked_reader(std::istream& in, std::uint64_t size) : in_(in), size_(size) {}
@@ -145,18 +143,26 @@ public:
     std::uint64_t payload_left() const noexcept {
         return size_ - offset_ > checksum_bytes ? size_ - offset_ - checksum_bytes : 0;
     }
-    std::uint64_t hash() const noexcept { return hash_; }
+    std::uint64_t hash() const noexcept { return sum_.value(); }
+
+    /// Hashes what was read so far, and everything after, with the checksum
+    /// of format `version`.
+    void start_checksum(std::uint32_t version) noexcept {
+        sum_ = file_checksum(version);
+        sum_.update(prefix_, prefix_bytes_);
+        started_ = true;
+    }
 
     void bytes(void* data, std::size_t n) {
-        if (n > size_ - offset_)
-            throw_error(error_code::format_error, "file truncated: needed ", n, " bytes at offset ", offset_,
-                        ", only ", size_ - offset_, " left");
-        in_.read(static_cast<char*>(data), static_cast<std::streamsize>(n));
-        if (static_cast<std::size_t>(in_.gcount()) != n)
-            throw_error(error_code::io_error, "the stream ended at offset ", offset_ + in_.gcount(),
-                        " although it reported ", size_, " bytes (was the file changed while loading?)");
-        hash_ = fnv1a(hash_, data, n);
-        offset_ += n;
+        read(data, n);
+        if (started_) {
+            sum_.update(data, n);
+        } else {
+            require(prefix_bytes_ + n <= sizeof prefix_, error_code::format_error,
+                    "a file's checksum must be chosen within its first ", sizeof prefix_, " bytes");
+            std::memcpy(prefix_ + prefix_bytes_, data, n);
+            prefix_bytes_ += n;
+        }
     }
     /// Reads n bytes through a fixed buffer, hashing them, keeping none.
     void skip(std::uint64_t n) {
@@ -179,18 +185,30 @@ public:
             throw_error(error_code::format_error, "file truncated: checksum missing at offset ", offset_, " (",
                         size_ - offset_, " of its 8 bytes present)");
         std::uint64_t stored = 0;
-        const std::uint64_t hash = hash_;
-        bytes(&stored, sizeof stored);
-        hash_ = hash;
+        read(&stored, sizeof stored);
         return stored;
     }
     /// Bytes of the stream after what has been read.
     std::uint64_t unread() const noexcept { return size_ - offset_; }
 
 private:
+    void read(void* data, std::size_t n) {
+        if (n > size_ - offset_)
+            throw_error(error_code::format_error, "file truncated: needed ", n, " bytes at offset ", offset_,
+                        ", only ", size_ - offset_, " left");
+        in_.read(static_cast<char*>(data), static_cast<std::streamsize>(n));
+        if (static_cast<std::size_t>(in_.gcount()) != n)
+            throw_error(error_code::io_error, "the stream ended at offset ", offset_ + in_.gcount(),
+                        " although it reported ", size_, " bytes (was the file changed while loading?)");
+        offset_ += n;
+    }
+
     std::istream& in_;
     std::uint64_t size_;
-    std::uint64_t hash_ = fnv1a_seed;
+    file_checksum sum_{file_version};
+    bool started_ = false;
+    unsigned char prefix_[16] = {};
+    std::size_t prefix_bytes_ = 0;
     std::uint64_t offset_ = 0;
 };
 
@@ -351,8 +369,9 @@ inline std::uint32_t read_header(checked_reader& r, const file_header& expected)
     if (std::memcmp(magic, file_magic, sizeof magic) != 0)
         throw_error(error_code::format_error, "bad magic: not a kvcache file (expected \"KVCACHE\\0\")");
     const auto version = r.value<std::uint32_t>();
-    require(version == file_version, error_code::format_error, "file format version ", version,
-            " is not supported (this build reads version ", file_version, ")");
+    require(version >= 1 && version <= file_version, error_code::format_error, "file format version ", version,
+            " is not supported (this build reads versions 1 to ", file_version, ")");
+    r.start_checksum(version);
     const auto layout = r.value<std::uint32_t>();
     const auto cache_layout = static_cast<std::uint32_t>(expected.layout);
     require(layout == cache_layout, error_code::format_error, "file was saved by a ", layout_name(layout),
@@ -489,15 +508,20 @@ record_totals read_records(checked_reader& r, std::uint32_t sequences, int layer
     return t;
 }
 
+/// Elements of one position's rows of a side (every KV head) in one layer.
+/// @tparam Side the element type a side's rows hold
+template <class Side>
+std::size_t position_row_elements(const head_shape& heads) noexcept {
+    return std::size_t(heads.kv_heads) * row_elements<Side>(heads.head_dim);
+}
+
 /// read_file on a stream that can seek back to `start`, `size` bytes long.
 /// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
 file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type start, std::uint64_t size,
                                       const file_header& expected) {
-    const std::size_t key_row =
-        std::size_t(expected.heads.kv_heads) * row_elements<key_element_t<Element>>(expected.heads.head_dim);
-    const std::size_t value_row =
-        std::size_t(expected.heads.kv_heads) * row_elements<value_element_t<Element>>(expected.heads.head_dim);
+    const std::size_t key_row = position_row_elements<key_element_t<Element>>(expected.heads);
+    const std::size_t value_row = position_row_elements<value_element_t<Element>>(expected.heads);
     // First pass: header, counts and checksum, with no more memory than a
     // small buffer, so nothing is allocated for a file that is not intact.
     checked_reader first(in, size);

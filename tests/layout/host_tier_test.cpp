@@ -601,47 +601,59 @@ TEST_CASE("the host tier's evicted spilled pages go to disk files, and a match r
 }
 
 TEST_CASE("a damaged or missing page file is a miss, never wrong rows") {
-    const std::string directory = fresh_directory("damaged");
-    cache_type cache(layers, 4, page, true);
-    cache.attach_host_tier(4);
-    cache.attach_disk_tier(directory, 8);
-    const auto prompts = fill_through_tiers(cache);
-    int files = 0;
-    for (const auto& entry : std::filesystem::directory_iterator(directory)) files += entry.is_regular_file();
-    REQUIRE(files == 4);
-    // Damage the file of prompt 0's second page (named by its chained hash): flip one byte of its rows.
-    const std::uint64_t first = kvcache::detail::chain_hash(kvcache::detail::root_hash, prompts[0].data(), page);
-    const std::uint64_t second = kvcache::detail::chain_hash(first, prompts[0].data() + page, page);
-    char name[40];
-    std::snprintf(name, sizeof name, "page-%016llx.kvcache", static_cast<unsigned long long>(second));
-    const auto path = std::filesystem::path(directory) / name;
-    REQUIRE(std::filesystem::exists(path));
-    const auto st0 = cache.statistics();
-    {
-        std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-        const auto middle = static_cast<std::streamoff>(std::filesystem::file_size(path) / 2);
-        char byte = 0;
-        f.seekg(middle);
-        f.read(&byte, 1);
-        byte = static_cast<char>(byte ^ 0x40);
-        f.seekp(middle);
-        f.write(&byte, 1);
+    // One byte of the rows flipped; the file cut short; bytes appended after
+    // the checksum; the record claiming one position more than a page.
+    for (const std::string damage : {"flipped", "truncated", "appended", "longer"}) {
+        INFO("page file " << damage);
+        const std::string directory = fresh_directory("damaged-" + damage);
+        cache_type cache(layers, 4, page, true);
+        cache.attach_host_tier(4);
+        cache.attach_disk_tier(directory, 8);
+        const auto prompts = fill_through_tiers(cache);
+        int files = 0;
+        for (const auto& entry : std::filesystem::directory_iterator(directory)) files += entry.is_regular_file();
+        REQUIRE(files == 4);
+        // Damage the file of prompt 0's second page (named by its chained hash): flip one byte of its rows.
+        const std::uint64_t first = kvcache::detail::chain_hash(kvcache::detail::root_hash, prompts[0].data(), page);
+        const std::uint64_t second = kvcache::detail::chain_hash(first, prompts[0].data() + page, page);
+        char name[40];
+        std::snprintf(name, sizeof name, "page-%016llx.kvcache", static_cast<unsigned long long>(second));
+        const auto path = std::filesystem::path(directory) / name;
+        REQUIRE(std::filesystem::exists(path));
+        const auto st0 = cache.statistics();
+        const auto size = std::filesystem::file_size(path);
+        if (damage == "truncated") {
+            std::filesystem::resize_file(path, size - 9);
+        } else if (damage == "appended") {
+            std::ofstream(path, std::ios::binary | std::ios::app) << "abc";
+        } else {
+            // The byte in the middle of the rows, or the record's count of present
+            // positions (after the 52-byte header and the record's length).
+            const auto at = static_cast<std::streamoff>(damage == "flipped" ? size / 2 : 56);
+            std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+            char byte = 0;
+            f.seekg(at);
+            f.read(&byte, 1);
+            byte = static_cast<char>(damage == "flipped" ? byte ^ 0x40 : byte + 1);
+            f.seekp(at);
+            f.write(&byte, 1);
+        }
+        const auto a = cache.add_sequence();
+        const std::vector<std::int32_t> lookup(prompts[0].begin(), prompts[0].end() - 1);
+        const int matched = cache.match_prefix(a, lookup);
+        const auto st = cache.statistics();
+        CHECK(matched == page);  // the first page read back, the match ends at the damaged second
+        CHECK(st.disk_pages_refused == st0.disk_pages_refused + 1);
+        CHECK(st.disk_prefix_hit_pages == std::uint64_t(matched / page));
+        // Pages 0 and 1 were asked of the pool and the host tier, neither held them;
+        // the disk refused page 1 (a miss), and page 2 was never looked up.
+        CHECK(st.pool_prefix_miss_pages == st0.pool_prefix_miss_pages + 2);
+        CHECK(st.host_prefix_miss_pages == st0.host_prefix_miss_pages + 2);
+        CHECK(st.disk_prefix_miss_pages == st0.disk_prefix_miss_pages + 1);
+        const std::vector<std::int32_t> rest(prompts[0].begin() + matched, prompts[0].end());
+        append_tokens(cache, a, rest);  // the rest is recomputed
+        check_rows(cache, a, prompts[0]);
     }
-    const auto a = cache.add_sequence();
-    const std::vector<std::int32_t> lookup(prompts[0].begin(), prompts[0].end() - 1);
-    const int matched = cache.match_prefix(a, lookup);
-    const auto st = cache.statistics();
-    CHECK(matched == page);  // the first page read back, the match ends at the damaged second
-    CHECK(st.disk_pages_refused == st0.disk_pages_refused + 1);
-    CHECK(st.disk_prefix_hit_pages == std::uint64_t(matched / page));
-    // Pages 0 and 1 were asked of the pool and the host tier, neither held them;
-    // the disk refused page 1 (a miss), and page 2 was never looked up.
-    CHECK(st.pool_prefix_miss_pages == st0.pool_prefix_miss_pages + 2);
-    CHECK(st.host_prefix_miss_pages == st0.host_prefix_miss_pages + 2);
-    CHECK(st.disk_prefix_miss_pages == st0.disk_prefix_miss_pages + 1);
-    const std::vector<std::int32_t> rest(prompts[0].begin() + matched, prompts[0].end());
-    append_tokens(cache, a, rest);  // the rest is recomputed
-    check_rows(cache, a, prompts[0]);
     // A page file deleted behind the cache's back: the next test case.
 }
 

@@ -93,15 +93,15 @@ public:
     /// Writes one page (evicting the least recently used file when full).
     /// A failed write keeps nothing of the new page (a later miss) and evicts
     /// nothing: the least recently used file goes only once the new one is in place.
-    void store(std::uint64_t hash, std::uint64_t parent, const std::vector<std::int32_t>& tokens,
-               const key_rows& keys, const value_rows& values) {
+    void store(std::uint64_t hash, std::uint64_t parent, const std::vector<std::int32_t>& tokens, key_rows keys,
+               value_rows values) {
         if (capacity_ == 0 || index_.count(hash)) return;
         sequence_record<Element> record;
         record.length = static_cast<int>(tokens.size());
         for (int p = 0; p < record.length; ++p) record.positions.push_back(p);
         record.tokens = tokens;
-        record.keys = keys;
-        record.values = values;
+        record.keys = std::move(keys);
+        record.values = std::move(values);
         file_header header = header_;
         header.sequences = 1;
         const std::string path = path_of(hash), partial = path + ".partial";
@@ -110,7 +110,7 @@ public:
             {
                 std::ofstream out(partial, std::ios::binary | std::ios::trunc);
                 require(static_cast<bool>(out), error_code::io_error, "cannot open '", partial, "'");
-                write_file(out, header, std::vector<sequence_record<Element>>{record});
+                write_file(out, header, std::vector<sequence_record<Element>>{std::move(record)});
                 bytes = static_cast<std::uint64_t>(out.tellp());
             }
             // A reader never sees half a file.
@@ -129,29 +129,19 @@ public:
         counters_.bytes_written += bytes;
     }
 
-    /// Reads a stored page back into keys and values; false, with the entry
-    /// and its file forgotten, when the file is missing, fails its checks or
-    /// holds other tokens.
-    bool load(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count, key_rows& keys,
-              value_rows& values) {
+    /// Reads a stored page back into `rows` (one record of `count` positions,
+    /// per layer [position][kv_head][row]); false, with the entry and its
+    /// file forgotten, when the file is missing, fails its checks or holds
+    /// other tokens.
+    bool load(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count,
+              file_records<Element>& rows) {
         if (!contains(hash, parent, tokens, count)) return false;
-        const std::string path = path_of(hash);
         try {
-            std::ifstream in(path, std::ios::binary);
-            require(static_cast<bool>(in), error_code::io_error, "cannot open '", path, "'");
-            const file_records<Element> records = read_file<Element>(in, header_);
-            require(records.size() == 1, error_code::format_error, "a page file holds one record");
-            const auto r = *records.begin();
-            require(r.length == count && r.present() == count && static_cast<int>(r.tokens.size()) == count &&
-                        std::equal(r.tokens.begin(), r.tokens.end(), tokens),
-                    error_code::format_error, "the page file holds other tokens");
-            keys.assign(header_.layers, {});
-            values.assign(header_.layers, {});
-            for (int l = 0; l < header_.layers; ++l) {
-                keys[l].assign(r.keys(l), r.keys(l) + r.key_plane);
-                values[l].assign(r.values(l), r.values(l) + r.value_plane);
-            }
-            counters_.bytes_read += records.file_bytes();
+            rows = read_page(path_of(hash), count);
+            const auto r = *rows.begin();
+            require(std::equal(r.tokens.begin(), r.tokens.end(), tokens), error_code::format_error,
+                    "the page file holds other tokens");
+            counters_.bytes_read += rows.file_bytes();
         } catch (const error&) {
             ++counters_.damaged;
             forget(hash);
@@ -175,6 +165,42 @@ private:
         std::vector<std::int32_t> tokens;
         std::uint64_t last_use;
     };
+
+    /// One pass over a page file: its sizes are known before it is opened, so
+    /// the rows are read straight into arrays of those sizes and the checksum
+    /// is checked once they are in (a general load reads a file twice to
+    /// allocate nothing for a damaged one).
+    file_records<Element> read_page(const std::string& path, int count) const {
+        std::ifstream in(path, std::ios::binary | std::ios::ate);
+        require(static_cast<bool>(in), error_code::io_error, "cannot open '", path, "'");
+        const std::istream::pos_type end = in.tellg();
+        require(end != std::istream::pos_type(-1), error_code::io_error, "cannot size '", path, "'");
+        in.seekg(0);
+        const std::uint64_t size = static_cast<std::uint64_t>(end);
+        checked_reader r(in, size);
+        require(read_header(r, header_) == 1, error_code::format_error, "a page file holds one record");
+        file_records<Element> out;
+        out.key_row_ = position_row_elements<key_element_t<Element>>(header_.heads);
+        out.value_row_ = position_row_elements<value_element_t<Element>>(header_.heads);
+        out.layers_ = header_.layers;
+        out.counts_.resize(1);
+        out.positions_.resize(std::size_t(count));
+        out.tokens_.resize(std::size_t(count));
+        out.key_rows_.resize(std::size_t(header_.layers) * count * out.key_row_);
+        out.value_rows_.resize(std::size_t(header_.layers) * count * out.value_row_);
+        const record_totals read = read_records<Element>(r, 1, header_.layers, out.key_row_, out.value_row_, &out);
+        record_totals expected;
+        expected.positions = expected.tokens = std::uint64_t(count);
+        expected.key_rows = out.key_rows_.size();
+        expected.value_rows = out.value_rows_.size();
+        require(read == expected && out.counts_[0].length == count, error_code::format_error,
+                "a page file holds one full page of ", count, " positions");
+        const std::uint64_t hash = r.hash();
+        require(r.stored_checksum() == hash, error_code::format_error, "checksum does not match contents");
+        require(r.unread() == 0, error_code::format_error, r.unread(), " bytes follow the checksum");
+        out.file_bytes_ = size;
+        return out;
+    }
 
     std::string path_of(std::uint64_t hash) const {
         char name[40];

@@ -185,8 +185,7 @@ public:
         struct hit {
             int page, host;
             std::uint64_t hash, parent;
-            typename detail::disk_tier<Element>::key_rows keys;      // read from the disk tier
-            typename detail::disk_tier<Element>::value_rows values;
+            detail::file_records<Element> rows;  // read from the disk tier
         };
         std::vector<hit> chain;
         std::uint64_t parent = detail::root_hash;
@@ -201,10 +200,10 @@ public:
             // match ends here, before a lower tier is asked or a file is read.
             if (page < 0 && to_bring_back >= pool_.available()) break;
             const int host = page < 0 && tier_.size() > 0 ? tier_.find(hash, parent, tokens, page_size_) : -1;
-            hit h{page, host, hash, parent, {}, {}};
+            hit h{page, host, hash, parent, {}};
             host_misses_ += page < 0 && tier_.size() > 0 && host < 0 ? 1 : 0;
             // Disk pages are read now: a later spill could evict their files. A damaged one ends the match.
-            if (page < 0 && host < 0 && !disk_.load(hash, parent, tokens, page_size_, h.keys, h.values)) {
+            if (page < 0 && host < 0 && !disk_.load(hash, parent, tokens, page_size_, h.rows)) {
                 disk_misses_ += disk_.size() > 0 ? 1 : 0;
                 break;
             }
@@ -223,8 +222,8 @@ public:
             }
             const std::int32_t* tokens = token_ids.data() + k * std::size_t(page_size_);
             chain[k].page = chain[k].host >= 0 ? bring_back(chain[k].host, chain[k].hash, chain[k].parent, tokens)
-                                               : bring_back_rows(chain[k].keys, chain[k].values, chain[k].hash,
-                                                                 chain[k].parent, tokens);
+                                               : bring_back_rows(chain[k].rows, chain[k].hash, chain[k].parent,
+                                                                 tokens);
         }
         for (std::size_t k = 0; k < chain.size(); ++k) {
             if (chain[k].host >= 0) tier_.release(chain[k].host);
@@ -725,7 +724,8 @@ private:
             token_major(tier_.keys(l, host), keys[l]);
             token_major(tier_.values(l, host), values[l]);
         }
-        disk_.store(tier_.hash_of(host), tier_.parent_of(host), tier_.tokens_of(host), keys, values);
+        disk_.store(tier_.hash_of(host), tier_.parent_of(host), tier_.tokens_of(host), std::move(keys),
+                    std::move(values));
     }
 
     /// Writes pool page `victim` to the disk tier as token-major rows (the
@@ -742,18 +742,18 @@ private:
             gather_side<Memory>(keys[l].data(), keys_[l].data(), victim, 0, page_size_);
             gather_side<Memory>(values[l].data(), values_[l].data(), victim, 0, page_size_);
         }
-        disk_.store(hash, parent, tokens, keys, values);
+        disk_.store(hash, parent, tokens, std::move(keys), std::move(values));
     }
 
     /// A pool page (one reference, published) holding a page read from the
     /// disk tier; the pool must have a page available.
-    int bring_back_rows(const typename detail::disk_tier<Element>::key_rows& keys,
-                        const typename detail::disk_tier<Element>::value_rows& values, std::uint64_t hash,
-                        std::uint64_t parent, const std::int32_t* tokens) {
+    int bring_back_rows(const detail::file_records<Element>& rows, std::uint64_t hash, std::uint64_t parent,
+                        const std::int32_t* tokens) {
         const int page = allocate_page();
+        const auto record = *rows.begin();
         for (int l = 0; l < layers_; ++l) {
-            scatter_side(keys_[l].data(), page, 0, keys[l].data(), page_size_);
-            scatter_side(values_[l].data(), page, 0, values[l].data(), page_size_);
+            scatter_side(keys_[l].data(), page, 0, record.keys(l), page_size_);
+            scatter_side(values_[l].data(), page, 0, record.values(l), page_size_);
         }
         pool_.publish(page, hash, parent, tokens, page_size_);
         ++disk_hits_;

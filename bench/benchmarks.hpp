@@ -24,5 +24,6 @@ void run_dynamic_heads(const options&, report&);
 void run_host_tier(const options&, report&);
 void run_element_types(const options&, report&);
 void run_prefix_tiers(const options&, report&);
+void run_decode_cold(const options&, report&);
 
 }  // namespace kvcache::bench

@@ -33,6 +33,7 @@ const benchmark_entry all_benchmarks[] = {
     {"host_tier", run_host_tier},
     {"element_types", run_element_types},
     {"prefix_tiers", run_prefix_tiers},
+    {"decode_cold", run_decode_cold},
 };
 
 // --backend cuda's benchmarks (cuda/cuda_bench.cpp); the copy always runs, as the others' yardstick.

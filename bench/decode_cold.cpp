@@ -3,10 +3,11 @@
 // time a cache that the LLC of a large server part can hold, so a step may
 // be served from it; here each layout gets enough copies of the same cache
 // that the copies together are at least twice the LLC, and a round steps
-// through every copy, contiguous copy c next to paged copy c (the order
-// swapped every round), so each step reads its cache back from memory. The
-// per-pair ratio paged / contiguous is the paged layout's overhead under the
-// same drift; the fraction is of the streaming read probed just before.
+// through every copy, contiguous copy c next to paged copy c with 16-token
+// and with 64-token pages (the order rotated every step), so each step reads
+// its cache back from memory. The ratio of a paged step to the contiguous
+// step next to it is the paged layout's overhead under the same drift; the
+// fraction is of the streaming read probed just before.
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -29,16 +30,18 @@ constexpr std::size_t mib = std::size_t(1) << 20;
 /// Copies of one layout's cache and the decode step over each.
 struct cold_layout {
     layout_kind layout;
+    int page_size = 0;                           ///< paged only
     std::vector<std::function<double()>> steps;  ///< one per copy
     std::vector<double> seconds;
+    std::vector<double> ratios;  ///< to the contiguous step of the same copy and round
 };
 
 template <class Element, class Heads>
-cold_layout make_copies(layout_kind layout, int context, int copies) {
+cold_layout make_copies(layout_kind layout, int context, int copies, int page_size = 0) {
     const std::size_t q_elements = std::size_t(Heads::query_heads()) * Heads::head_dim;
     auto queries = std::make_shared<std::vector<float>>(random_floats(q_elements, 7));
     auto outputs = std::make_shared<std::vector<float>>(q_elements);
-    cold_layout out{layout, {}, {}};
+    cold_layout out{layout, page_size, {}, {}, {}};
     const auto add = [&](auto filled) {
         auto owned = std::make_shared<decltype(filled)>(std::move(filled));
         out.steps.push_back([owned, queries, outputs] {
@@ -49,7 +52,7 @@ cold_layout make_copies(layout_kind layout, int context, int copies) {
     };
     for (int c = 0; c < copies; ++c) {
         if (layout == layout_kind::paged)
-            add(make_paged<Element, Heads>(1, context));
+            add(make_paged<Element, Heads>(1, context, page_size));
         else
             add(make_contiguous<Element, Heads>(1, context));
     }
@@ -64,17 +67,18 @@ void compare_cold(const options& opts, report& out, int context, const char* hea
                            std::size_t(stored_token_bytes(kinds_of<Element>(), Heads::kv_heads(), Heads::head_dim));
     const std::size_t bytes = kv + 2 * q_elements * sizeof(float);
     // Copies of each layout: together at least twice the LLC (and two at
-    // least), within a quarter of the memory for both layouts; the quick run
+    // least), within a quarter of the memory for all three; the quick run
     // is a smoke test and stops at four.
     int copies = llc > 0 ? int((2 * llc + kv - 1) / kv) + 1 : 2;
     const std::size_t available = available_memory_bytes();
-    if (available > 0) copies = std::min<int>(copies, int(available / 4 / (2 * kv)));
+    if (available > 0) copies = std::min<int>(copies, int(available / 4 / (3 * kv)));
     copies = std::max(copies, 2);
     if (opts.quick) copies = std::min(copies, 4);
     std::vector<cold_layout> layouts;
     layouts.push_back(make_copies<Element, Heads>(layout_kind::contiguous, context, copies));
-    layouts.push_back(make_copies<Element, Heads>(layout_kind::paged, context, copies));
-    const std::size_t working_set = 2 * std::size_t(copies) * kv;
+    layouts.push_back(make_copies<Element, Heads>(layout_kind::paged, context, copies, bench_page_size));
+    layouts.push_back(make_copies<Element, Heads>(layout_kind::paged, context, copies, 64));
+    const std::size_t working_set = layouts.size() * std::size_t(copies) * kv;
 
     std::size_t probe_bytes = std::max<std::size_t>(opts.quick ? 256 * mib : 2048 * mib, 4 * llc);
     if (available > 0) probe_bytes = std::min(probe_bytes, available / 4);
@@ -83,26 +87,24 @@ void compare_cold(const options& opts, report& out, int context, const char* hea
     for (int i = 0; i < opts.warmup(); ++i)
         for (auto& l : layouts)
             for (auto& step : l.steps) step();
-    std::vector<double> ratios;  // paged / contiguous, per copy and round
     const int rounds = opts.quick ? 2 : 12;
+    const int count = int(layouts.size());
     for (int r = 0; r < rounds; ++r)
         for (int c = 0; c < copies; ++c) {
-            const bool paged_first = (r + c) % 2 == 1;
-            double s[2];
-            for (int k = 0; k < 2; ++k) {
-                const int which = paged_first ? 1 - k : k;
+            std::vector<double> s(layouts.size());
+            for (int k = 0; k < count; ++k) {  // who goes first rotates
+                const int which = (k + r * copies + c) % count;
                 s[which] = layouts[which].steps[c]();
                 layouts[which].seconds.push_back(s[which]);
             }
-            ratios.push_back(s[1] / s[0]);
+            for (int which = 0; which < count; ++which) layouts[which].ratios.push_back(s[which] / s[0]);
         }
-    const timing ratio = summarise(ratios);
     std::printf("%-16s | %s %s context %d: %d copies per layout, %.0f MiB in all (LLC %.0f MiB); streaming read "
                 "%.2f GB/s\n",
                 "decode_cold", kinds_of<Element>().to_string().c_str(), heads_name, context, copies,
                 double(working_set) / double(mib), double(llc) / double(mib), dram.gbytes_per_s);
     for (const auto& l : layouts) {
-        const timing time = summarise(l.seconds);
+        const timing time = summarise(l.seconds), ratio = summarise(l.ratios);
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_step", time, 1e3);
         metrics["bytes_read"] = double(bytes);
@@ -112,12 +114,13 @@ void compare_cold(const options& opts, report& out, int context, const char* hea
         metrics["copies"] = copies;
         metrics["working_set_mib"] = double(working_set) / double(mib);
         metrics["working_set_over_llc"] = llc > 0 && working_set >= 2 * llc;
-        // The paged layout's time over the contiguous one's, per pair of adjacent steps.
-        metrics["ratio_to_contiguous"] = l.layout == layout_kind::paged ? ratio.median : 1.0;
-        metrics["ratio_to_contiguous_min"] = l.layout == layout_kind::paged ? ratio.min : 1.0;
-        metrics["ratio_to_contiguous_max"] = l.layout == layout_kind::paged ? ratio.max : 1.0;
+        // The layout's time over the contiguous one's, per copy and round.
+        metrics["ratio_to_contiguous"] = ratio.median;
+        metrics["ratio_to_contiguous_min"] = ratio.min;
+        metrics["ratio_to_contiguous_max"] = ratio.max;
         out.add({"decode_cold",
                  {{"layout", to_string(l.layout)},
+                  {"page_size", l.page_size},
                   {"element", kinds_of<Element>().to_string()},
                   {"heads", heads_name},
                   {"batch", 1},

@@ -160,13 +160,14 @@ def main():
         p, m = r["params"], r["metrics"]
         ratio = "" if p["layout"] != "paged" else \
             f'{m["ratio_to_contiguous"]:.3f} ({m["ratio_to_contiguous_min"]:.2f} .. {m["ratio_to_contiguous_max"]:.2f})'
-        rows.append([p["element"], p["heads"], str(p["context"]), p["layout"], spread(m, "ms_per_step"),
+        layout = p["layout"] + (f' ({p["page_size"]})' if p.get("page_size") else "")
+        rows.append([p["element"], p["heads"], str(p["context"]), layout, spread(m, "ms_per_step"),
                      f'{m["fraction_of_measured_bandwidth"]:.2f}', ratio,
                      f'{m["copies"]} ({m["working_set_mib"]:.0f} MiB{"" if m["working_set_over_llc"] else ", under 2x LLC"})'])
     if rows:
         print("### decode_cold\n")
-        print(table(["element", "heads", "context", "layout", "ms/step", "fraction of read",
-                     "paged / contiguous (per-pair min .. max)", "copies per layout (working set)"], rows))
+        print(table(["element", "heads", "context", "layout (page size)", "ms/step", "fraction of read",
+                     "paged / contiguous (per-step min .. max)", "copies per layout (working set)"], rows))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
-#include <memory>
 #include <vector>
 
 #include "benchmarks.hpp"
@@ -19,6 +18,7 @@
 #include "harness/machine.hpp"
 #include "harness/timing.hpp"
 #include "kvcache/backend/cpu.hpp"
+#include "support/decode_step.hpp"
 #include "support/filled_cache.hpp"
 
 namespace kvcache::bench {
@@ -38,23 +38,12 @@ struct cold_layout {
 
 template <class Element, class Heads>
 cold_layout make_copies(layout_kind layout, int context, int copies, int page_size = 0) {
-    const std::size_t q_elements = std::size_t(Heads::query_heads()) * Heads::head_dim;
-    auto queries = std::make_shared<std::vector<float>>(random_floats(q_elements, 7));
-    auto outputs = std::make_shared<std::vector<float>>(q_elements);
     cold_layout out{layout, page_size, {}, {}, {}};
-    const auto add = [&](auto filled) {
-        auto owned = std::make_shared<decltype(filled)>(std::move(filled));
-        out.steps.push_back([owned, queries, outputs] {
-            const cpu_backend cpu;
-            const auto view = owned->view();
-            return seconds_of([&] { cpu.decode(decode_params(view, *queries, *outputs)); });
-        });
-    };
     for (int c = 0; c < copies; ++c) {
         if (layout == layout_kind::paged)
-            add(make_paged<Element, Heads>(1, context, page_size));
+            out.steps.push_back(timed_decode_step(make_paged<Element, Heads>(1, context, page_size)));
         else
-            add(make_contiguous<Element, Heads>(1, context));
+            out.steps.push_back(timed_decode_step(make_contiguous<Element, Heads>(1, context)));
     }
     return out;
 }

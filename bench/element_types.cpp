@@ -9,7 +9,6 @@
 // the per-round ratios.
 #include <algorithm>
 #include <functional>
-#include <memory>
 #include <vector>
 
 #include "benchmarks.hpp"
@@ -17,6 +16,7 @@
 #include "harness/machine.hpp"
 #include "harness/timing.hpp"
 #include "kvcache/backend/cpu.hpp"
+#include "support/decode_step.hpp"
 #include "support/filled_cache.hpp"
 
 namespace kvcache::bench {
@@ -36,18 +36,9 @@ struct timed_type {
 template <class Element, class Heads>
 void add_type(std::vector<timed_type>& types, layout_kind layout, int context) {
     const std::size_t q_elements = std::size_t(Heads::query_heads()) * Heads::head_dim;
-    auto queries = std::make_shared<std::vector<float>>(random_floats(q_elements, 7));
-    auto outputs = std::make_shared<std::vector<float>>(q_elements);
-    // The step owns its cache and buffers: they live as long as the step does.
     const auto time_view = [&](auto filled) {
-        auto owned = std::make_shared<decltype(filled)>(std::move(filled));
-        timed_type t{kinds_of<Element>(), owned->kv_bytes() + 2 * q_elements * sizeof(float), {}, {}};
-        t.step = [owned, queries, outputs] {
-            const cpu_backend cpu;
-            const auto view = owned->view();
-            return seconds_of([&] { cpu.decode(decode_params(view, *queries, *outputs)); });
-        };
-        types.push_back(std::move(t));
+        const std::size_t bytes = filled.kv_bytes() + 2 * q_elements * sizeof(float);
+        types.push_back({kinds_of<Element>(), bytes, timed_decode_step(std::move(filled)), {}});
     };
     if (layout == layout_kind::paged)
         time_view(make_paged<Element, Heads>(1, context));

@@ -19,6 +19,7 @@
 #include "kvcache/backend/cpu/tile_attention.hpp"
 #include "kvcache/core/element.hpp"
 #include "kvcache/kernels/attention_options.hpp"
+#include "kvcache/layout/paged_view.hpp"
 
 namespace kvcache {
 namespace cpu {
@@ -47,6 +48,66 @@ void decode_rows(const Layout& view, int sequence, int kv_head, int begin, int e
     for (int g = 0; g < group; ++g) rows.store(g, outputs + g * dim, lse ? lse + g : nullptr, scales_of(view).value);
     if (record)
         for (int g = 0; g < group; ++g) record->set_lse(std::size_t(g), rows.lse(g));
+}
+
+/// True for the layouts whose pages hold every KV head's rows of a few
+/// tokens side by side: decode walks such a page's heads together, so a page
+/// is read as one stream instead of one 4 KiB block per head each starting a
+/// stream of its own (the hardware prefetchers do not follow a head from one
+/// page to the next).
+/// @tparam Layout a layout view
+template <class Layout>
+inline constexpr bool pages_interleave_heads_v = false;
+template <class Element, class Heads, page_order Order>
+inline constexpr bool pages_interleave_heads_v<paged_view<Element, Heads, Order>> = true;
+
+/// Keys each KV head folds before the next head of its work item takes its
+/// turn, when heads are walked together: two tiles (four 16-token pages).
+/// Measured against 32, 128 and 256 in docs/performance.md; 32 pays a walk's
+/// fixed costs every tile, 256 leaves a head's pages too far apart again.
+inline constexpr int heads_together_keys = 2 * tile_keys;
+
+/// decode_rows for the KV heads [first_head, last_head) of one sequence,
+/// their keys walked in blocks of heads_together_keys, head after head
+/// within a block, each walk asking for the next one's first tile.
+/// queries/outputs/lse: from the first head's first row.
+template <class Layout, class Query, class Output>
+void decode_heads_together(const Layout& view, int sequence, int first_head, int last_head, const Query* queries,
+                           float scale, float soft_cap, Output* outputs, float* lse) {
+    using heads = typename Layout::heads;
+    constexpr int dim = heads::head_dim;
+    const int group = view.group_size();
+    const int count = last_head - first_head;
+    std::vector<tile_attention<dim>> states;
+    states.reserve(std::size_t(count));
+    const int position = view.length(sequence) - 1;
+    for (int h = 0; h < count; ++h) {
+        states.emplace_back(group);
+        for (int g = 0; g < group; ++g) states.back().load(g, queries + (h * group + g) * dim, scale, position);
+    }
+    const int visible = view.length(sequence) > 0 ? view.visible_count(sequence) : 0;
+    constexpr int block = heads_together_keys;
+    for (int begin = 0; begin < visible; begin += block) {
+        const int end = std::min(visible, begin + block);
+        for (int h = 0; h < count; ++h) {
+            walk_links links;  // each walk asks for the next one's first tile
+            links.first_tile_asked = h > 0 || begin > 0;
+            if (h + 1 < count) {
+                links.next_kv_head = first_head + h + 1;
+                links.next_begin = begin;
+                links.next_end = end;
+            } else if (end < visible) {
+                links.next_kv_head = first_head;
+                links.next_begin = end;
+                links.next_end = std::min(visible, end + block);
+            }
+            states[std::size_t(h)].attend(view, sequence, first_head + h, begin, end, soft_cap, nullptr, links);
+        }
+    }
+    for (int h = 0; h < count; ++h)
+        for (int g = 0; g < group; ++g)
+            states[std::size_t(h)].store(g, outputs + (h * group + g) * dim, lse ? lse + h * group + g : nullptr,
+                                         scales_of(view).value);
 }
 
 /// The rows 0..n-1 of a work item, as a score_record lists them.
@@ -78,6 +139,23 @@ void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* 
     if (splits <= 0) splits = items >= pool.threads() ? 1 : (pool.threads() + items - 1) / items;
     auto visible_keys = [&](int b) { return view.length(b) > 0 ? view.visible_count(b) : 0; };
     auto score_block = [&](int item) { return scores + std::size_t(item) * score_stride; };  // item = b * kv_heads + kv
+    if constexpr (pages_interleave_heads_v<Layout>) {
+        if (splits == 1 && !scores) {
+            // Heads per work item: all of a sequence's when the batch fills the threads.
+            const int per_sequence = std::min(view.kv_heads(), (pool.threads() + batch - 1) / batch);
+            const int heads_per_item = (view.kv_heads() + per_sequence - 1) / per_sequence;
+            const int chunks = (view.kv_heads() + heads_per_item - 1) / heads_per_item;
+            pool.parallel_for(batch * chunks, [&](int item) {
+                const int b = item / chunks, first = item % chunks * heads_per_item;
+                const int last = std::min(view.kv_heads(), first + heads_per_item);
+                const std::size_t first_row = std::size_t(b) * view.query_heads() + std::size_t(first) * group;
+                decode_heads_together(view, b, first, last, queries + first_row * dim, scale,
+                                      options.logits_soft_cap, outputs + first_row * dim,
+                                      lse ? lse + first_row : nullptr);
+            });
+            return;
+        }
+    }
     if (splits == 1) {
         pool.parallel_for(items, [&](int item) {
             const int b = item / view.kv_heads(), kv = item % view.kv_heads();

@@ -40,6 +40,17 @@ inline constexpr int decode_ring = 2;
 /// converted three times or more.
 inline constexpr int widen_tile_rows = 2 * row_block;
 
+/// What a walk over one KV head's keys may do beyond them, when walks of
+/// several heads follow one another (decode over pages that interleave heads):
+/// ask memory for the first tile of the next walk while folding its own last
+/// tile, and leave its own first tile unasked when the walk before asked for it.
+struct walk_links {
+    int next_kv_head = -1;          ///< the KV head of the next walk (same sequence); -1: none
+    int next_begin = 0;             ///< the next walk's visible keys [next_begin, next_end)
+    int next_end = 0;
+    bool first_tile_asked = false;  ///< the walk before asked for this walk's first tile
+};
+
 /// The online-softmax state of `rows` query rows of head dimension Dim that
 /// share one KV head, and the loop that folds that head's keys into them.
 /// @tparam Dim head dimension (a multiple of 8)
@@ -58,6 +69,7 @@ public:
     void load(int r, const Query* query, float scale, int position) {
         float* row = queries() + std::size_t(r) * Dim;
         for (int d = 0; d < Dim; ++d) row[d] = to_float(query[d]) * scale;
+        if (queries_in_nibble_order_) reorder_row(row, /*to_nibble_order=*/true);
         positions_[r] = position;
     }
 
@@ -65,23 +77,25 @@ public:
     /// row; a row sees a key when view.visibility() allows it at the row's
     /// position. Tiles no row sees are neither fetched nor computed, and the
     /// walk ends at the first key past every row's position. record (nullable)
-    /// keeps the weights of the rows it lists.
+    /// keeps the weights of the rows it lists. Calls over consecutive key
+    /// ranges fold into the same state.
     /// @tparam Layout a layout view over host memory
     template <class Layout>
     void attend(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
-                score_record* record = nullptr) {
+                score_record* record = nullptr, walk_links links = {}) {
         using tile = tile_of_t<Layout>;
         // The walk reads int4 rows in nibble order: the queries (int4 keys)
-        // and the accumulators (int4 values) take it for the walk and give it back after.
-        constexpr bool keys_reordered = int4_nibble_order_v<typename tile::key_type, Dim>;
-        constexpr bool values_reordered = int4_nibble_order_v<typename tile::value_type, Dim>;
-        if constexpr (keys_reordered || values_reordered) {
-            reorder_rows(keys_reordered, values_reordered, /*to_nibble_order=*/true);
-            walk(view, sequence, kv_head, begin, end, soft_cap, record);
-            reorder_rows(keys_reordered, values_reordered, /*to_nibble_order=*/false);
-        } else {
-            walk(view, sequence, kv_head, begin, end, soft_cap, record);
+        // and the accumulators (int4 values) take it at the first walk and
+        // keep it (load and store translate), so walks in blocks pay it once.
+        if constexpr (int4_nibble_order_v<typename tile::key_type, Dim>) {
+            if (!queries_in_nibble_order_) reorder_rows(queries(), /*to_nibble_order=*/true);
+            queries_in_nibble_order_ = true;
         }
+        if constexpr (int4_nibble_order_v<typename tile::value_type, Dim>) {
+            if (!accumulators_in_nibble_order_) reorder_rows(accumulators(), /*to_nibble_order=*/true);
+            accumulators_in_nibble_order_ = true;
+        }
+        walk(view, sequence, kv_head, begin, end, soft_cap, record, links);
     }
 
     /// Writes row r normalised and times output_scale (an fp8 cache's value
@@ -93,6 +107,12 @@ public:
         const float sum = running_sum()[r];
         const float inverse = sum > 0.0f ? output_scale / sum : 0.0f;
         const float* accumulator = accumulators() + std::size_t(r) * Dim;
+        float in_order[Dim];
+        if (accumulators_in_nibble_order_) {
+            std::copy(accumulator, accumulator + Dim, in_order);
+            reorder_row(in_order, /*to_nibble_order=*/false);
+            accumulator = in_order;
+        }
         for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(accumulator[d] * inverse);
         if (lse) *lse = kvcache::detail::log_sum_exp(running_max()[r], sum);
     }
@@ -117,7 +137,7 @@ private:
     /// attend's walk over the tiles, rows in the order the loads give them.
     template <class Layout>
     void walk(const Layout& view, int sequence, int kv_head, int begin, int end, float soft_cap,
-              score_record* record) {
+              score_record* record, walk_links links) {
         using tile = tile_of_t<Layout>;
         const attention_visibility visibility = view.visibility();
         const int last_position = *std::max_element(positions_.begin(), positions_.end());
@@ -131,11 +151,16 @@ private:
         // while the current one is scored. The first is asked at once.
         tile tiles[decode_ring];
         if (!next_seen(tiles[0], slot_masks(0))) return;
-        prefetch_tile<Dim>(tiles[0]);
+        if (!links.first_tile_asked) prefetch_tile<Dim>(tiles[0]);
+        tile following;  // the next walk's first tile, asked during this walk's last
         for (int current = 0;; current ^= 1) {
             const int next = current ^ 1;
             const bool more = next_seen(tiles[next], slot_masks(next));
             const tile* ahead = more ? &tiles[next] : nullptr;
+            if (!more && links.next_kv_head >= 0 &&
+                tile_cursor<Layout>(view, sequence, links.next_kv_head, links.next_begin, links.next_end, last_position)
+                    .fill(following))
+                ahead = &following;
             // 16-bit and fp8 rows past two row blocks; int8 and int4 rows are
             // always read in place, their widening costs a few instructions a
             // vector and their scales stay per row (int4: per group, load_int4).
@@ -152,19 +177,19 @@ private:
         }
     }
 
-    /// Puts the query rows (queries) and the accumulators (accumulators) into
-    /// int4 nibble order, or back to d order.
-    void reorder_rows(bool queries_too, bool accumulators_too, bool to_nibble_order) {
+    /// Puts every row of `rows` (queries() or accumulators()) into int4 nibble order.
+    void reorder_rows(float* rows, bool to_nibble_order) {
+        for (int r = 0; r < rows_; ++r) reorder_row(rows + std::size_t(r) * Dim, to_nibble_order);
+    }
+
+    /// Puts one row into int4 nibble order, or back to d order.
+    static void reorder_row(float* at, bool to_nibble_order) {
         float row[Dim];
-        for (float* rows : {queries_too ? queries() : nullptr, accumulators_too ? accumulators() : nullptr})
-            for (int r = 0; rows && r < rows_; ++r) {
-                float* at = rows + std::size_t(r) * Dim;
-                for (int p = 0; p < Dim; ++p) {
-                    if (to_nibble_order) row[p] = at[int4_nibble_index(p)];
-                    else row[int4_nibble_index(p)] = at[p];
-                }
-                std::copy(row, row + Dim, at);
-            }
+        for (int p = 0; p < Dim; ++p) {
+            if (to_nibble_order) row[p] = at[int4_nibble_index(p)];
+            else row[int4_nibble_index(p)] = at[p];
+        }
+        std::copy(row, row + Dim, at);
     }
 
     /// Bit t of masks[r]: row r sees key t of the tile. True when any row sees any key.
@@ -314,6 +339,8 @@ private:
     std::vector<int> positions_;
     std::vector<std::uint32_t> masks_;  ///< [decode_ring slot][rows]
     std::vector<float> widened_;        ///< [2][tile_keys][Dim] float copies of a binary16 tile's K and V rows
+    bool queries_in_nibble_order_ = false;       ///< set by the first walk over int4 keys
+    bool accumulators_in_nibble_order_ = false;  ///< set by the first walk over int4 values
 };
 
 }  // namespace KVCACHE_CPU_ISA_NAMESPACE

@@ -132,6 +132,37 @@ TEST_CASE("cpu backend on its own pool of 1, 2 and 3 threads matches the referen
     CHECK(&cpu_backend{}.pool() == &cpu::thread_pool::process_wide());
 }
 
+TEST_CASE("decode over pages walks as many heads together as still balance the threads") {
+    // The contract of heads_per_decode_item, checked over a grid: a divisor
+    // of the KV heads; when more than one, the items are a multiple of the
+    // threads or at least four per thread; and no larger divisor would do.
+    auto balanced = [](int batch, int kv_heads, int threads, int heads) {
+        const int items = batch * (kv_heads / heads);
+        return items >= threads && (items % threads == 0 || items >= 4 * threads);
+    };
+    for (int batch = 1; batch <= 40; ++batch)
+        for (int kv_heads = 1; kv_heads <= 16; ++kv_heads)
+            for (int threads = 1; threads <= 32; ++threads) {
+                const int heads = cpu::detail::heads_per_decode_item(batch, kv_heads, threads);
+                CAPTURE(batch);
+                CAPTURE(kv_heads);
+                CAPTURE(threads);
+                REQUIRE(heads >= 1);
+                REQUIRE(kv_heads % heads == 0);
+                if (heads > 1) CHECK(balanced(batch, kv_heads, threads, heads));
+                for (int larger = heads + 1; larger <= kv_heads; ++larger)
+                    if (kv_heads % larger == 0) CHECK_FALSE(balanced(batch, kv_heads, threads, larger));
+            }
+    // The cases the choice is for: one sequence on two threads takes half
+    // the heads each; a batch the threads divide keeps a sequence whole; an
+    // odd batch on two threads splits its sequences in two; 17 sequences on
+    // 16 threads split four ways (68 items) instead of leaving 15 threads idle for the 17th.
+    CHECK(cpu::detail::heads_per_decode_item(1, 8, 2) == 4);
+    CHECK(cpu::detail::heads_per_decode_item(8, 8, 2) == 8);
+    CHECK(cpu::detail::heads_per_decode_item(3, 8, 2) == 4);
+    CHECK(cpu::detail::heads_per_decode_item(17, 8, 16) == 2);
+}
+
 TEST_CASE("cpu backend runs append, decode and prefill on its pool: inline while another thread holds it") {
     cpu::thread_pool pool(2);
     const cpu_backend cpu(pool);

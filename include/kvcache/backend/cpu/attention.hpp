@@ -67,6 +67,20 @@ inline constexpr bool pages_interleave_heads_v<paged_view<Element, Heads, Order>
 /// fixed costs every tile, 256 leaves a head's pages too far apart again.
 inline constexpr int heads_together_keys = 2 * tile_keys;
 
+/// KV heads per work item when decode walks heads together: the largest
+/// divisor of kv_heads that leaves batch x (kv_heads / heads) items either a
+/// multiple of the threads or at least four per thread, so the threads finish
+/// together (all of a sequence's heads in one item when the batch is a
+/// multiple of the threads; one head per item when nothing coarser balances).
+inline int heads_per_decode_item(int batch, int kv_heads, int threads) noexcept {
+    for (int heads = kv_heads; heads > 1; --heads) {
+        if (kv_heads % heads != 0) continue;
+        const int items = batch * (kv_heads / heads);
+        if (items >= threads && (items % threads == 0 || items >= 4 * threads)) return heads;
+    }
+    return 1;
+}
+
 /// decode_rows for the KV heads [first_head, last_head) of one sequence,
 /// their keys walked in blocks of heads_together_keys, head after head
 /// within a block, each walk asking for the next one's first tile.
@@ -141,9 +155,7 @@ void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* 
     auto score_block = [&](int item) { return scores + std::size_t(item) * score_stride; };  // item = b * kv_heads + kv
     if constexpr (pages_interleave_heads_v<Layout>) {
         if (splits == 1 && !scores) {
-            // Heads per work item: all of a sequence's when the batch fills the threads.
-            const int per_sequence = std::min(view.kv_heads(), (pool.threads() + batch - 1) / batch);
-            const int heads_per_item = (view.kv_heads() + per_sequence - 1) / per_sequence;
+            const int heads_per_item = heads_per_decode_item(batch, view.kv_heads(), pool.threads());
             const int chunks = (view.kv_heads() + heads_per_item - 1) / heads_per_item;
             pool.parallel_for(batch * chunks, [&](int item) {
                 const int b = item / chunks, first = item % chunks * heads_per_item;

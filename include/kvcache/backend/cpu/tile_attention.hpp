@@ -69,7 +69,8 @@ public:
     void load(int r, const Query* query, float scale, int position) {
         float* row = queries() + std::size_t(r) * Dim;
         for (int d = 0; d < Dim; ++d) row[d] = to_float(query[d]) * scale;
-        if (queries_in_nibble_order_) reorder_row(row, /*to_nibble_order=*/true);
+        if constexpr (nibble_order_possible)
+            if (queries_in_nibble_order_) reorder_row(row, /*to_nibble_order=*/true);
         positions_[r] = position;
     }
 
@@ -107,13 +108,21 @@ public:
         const float sum = running_sum()[r];
         const float inverse = sum > 0.0f ? output_scale / sum : 0.0f;
         const float* accumulator = accumulators() + std::size_t(r) * Dim;
-        float in_order[Dim];
-        if (accumulators_in_nibble_order_) {
-            std::copy(accumulator, accumulator + Dim, in_order);
-            reorder_row(in_order, /*to_nibble_order=*/false);
-            accumulator = in_order;
+        const auto write = [&](const float* row) {
+            for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(row[d] * inverse);
+        };
+        if constexpr (nibble_order_possible) {
+            if (accumulators_in_nibble_order_) {
+                float in_order[Dim];
+                std::copy(accumulator, accumulator + Dim, in_order);
+                reorder_row(in_order, /*to_nibble_order=*/false);
+                write(in_order);
+            } else {
+                write(accumulator);
+            }
+        } else {
+            write(accumulator);
         }
-        for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(accumulator[d] * inverse);
         if (lse) *lse = kvcache::detail::log_sum_exp(running_max()[r], sum);
     }
 
@@ -121,6 +130,11 @@ public:
     float lse(int r) const { return kvcache::detail::log_sum_exp(running_max()[r], running_sum()[r]); }
 
 private:
+    /// True where int4 rows of this head dimension are walked in nibble order,
+    /// so the nibble-order flags below can be set at all (the reorder is only
+    /// defined for whole groups of 32).
+    static constexpr bool nibble_order_possible = int4_nibble_order_v<qint4, Dim>;
+
     // floats_: queries [rows][Dim], accumulators [rows][Dim], scores
     // [rows][tile_keys], running max, running sum and rescale [rows] each.
     float* queries() noexcept { return floats_.data(); }

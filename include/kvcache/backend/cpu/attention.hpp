@@ -30,26 +30,6 @@ inline namespace KVCACHE_CPU_ISA_NAMESPACE {
 /// merging than it gains in threads.
 inline constexpr int min_split_keys = 256;
 
-/// Decode of the group query rows of (sequence, kv_head) over its visible
-/// keys [begin, end), all at the sequence's last position; writes the
-/// normalised rows and, when lse is not null, their log-sum-exps. record
-/// (nullable, listing rows 0..group-1) keeps their weights, with the lse of
-/// [begin, end) set.
-template <class Layout, class Query, class Output>
-void decode_rows(const Layout& view, int sequence, int kv_head, int begin, int end, const Query* queries, float scale,
-                 float soft_cap, Output* outputs, float* lse, score_record* record = nullptr) {
-    using heads = typename Layout::heads;
-    constexpr int dim = heads::head_dim;
-    const int group = view.group_size();
-    tile_attention<dim> rows(group);
-    const int position = view.length(sequence) - 1;
-    for (int g = 0; g < group; ++g) rows.load(g, queries + g * dim, scale, position);
-    rows.attend(view, sequence, kv_head, begin, end, soft_cap, record);
-    for (int g = 0; g < group; ++g) rows.store(g, outputs + g * dim, lse ? lse + g : nullptr, scales_of(view).value);
-    if (record)
-        for (int g = 0; g < group; ++g) record->set_lse(std::size_t(g), rows.lse(g));
-}
-
 /// True for the layouts whose pages hold every KV head's rows of a few
 /// tokens side by side: decode walks such a page's heads together, so a page
 /// is read as one stream instead of one 4 KiB block per head each starting a
@@ -81,13 +61,18 @@ inline int heads_per_decode_item(int batch, int kv_heads, int threads) noexcept 
     return 1;
 }
 
-/// decode_rows for the KV heads [first_head, last_head) of one sequence,
-/// their keys walked in blocks of heads_together_keys, head after head
-/// within a block, each walk asking for the next one's first tile.
-/// queries/outputs/lse: from the first head's first row.
+/// Decode of the KV heads [first_head, last_head) of one sequence over their
+/// visible keys [begin, end): each head's group query rows, all at the
+/// sequence's last position; writes the normalised rows and, when lse is not
+/// null, their log-sum-exps. queries/outputs/lse: from the first head's first
+/// row. Several heads walk the keys in blocks of heads_together_keys, head
+/// after head within a block, each walk asking for the next one's first tile;
+/// one head walks them at once. record (nullable; one head only, listing rows
+/// 0..group-1) keeps the weights, with the lse of [begin, end) set.
 template <class Layout, class Query, class Output>
-void decode_heads_together(const Layout& view, int sequence, int first_head, int last_head, const Query* queries,
-                           float scale, float soft_cap, Output* outputs, float* lse) {
+void decode_heads(const Layout& view, int sequence, int first_head, int last_head, int begin, int end,
+                  const Query* queries, float scale, float soft_cap, Output* outputs, float* lse,
+                  score_record* record = nullptr) {
     using heads = typename Layout::heads;
     constexpr int dim = heads::head_dim;
     const int group = view.group_size();
@@ -99,29 +84,30 @@ void decode_heads_together(const Layout& view, int sequence, int first_head, int
         states.emplace_back(group);
         for (int g = 0; g < group; ++g) states.back().load(g, queries + (h * group + g) * dim, scale, position);
     }
-    const int visible = view.length(sequence) > 0 ? view.visible_count(sequence) : 0;
-    constexpr int block = heads_together_keys;
-    for (int begin = 0; begin < visible; begin += block) {
-        const int end = std::min(visible, begin + block);
+    const int block = count > 1 ? heads_together_keys : std::max(end - begin, 1);
+    for (int from = begin; from < end; from += block) {
+        const int to = std::min(end, from + block);
         for (int h = 0; h < count; ++h) {
             walk_links links;  // each walk asks for the next one's first tile
-            links.first_tile_asked = h > 0 || begin > 0;
+            links.first_tile_asked = h > 0 || from > begin;
             if (h + 1 < count) {
                 links.next_kv_head = first_head + h + 1;
-                links.next_begin = begin;
-                links.next_end = end;
-            } else if (end < visible) {
+                links.next_begin = from;
+                links.next_end = to;
+            } else if (to < end) {
                 links.next_kv_head = first_head;
-                links.next_begin = end;
-                links.next_end = std::min(visible, end + block);
+                links.next_begin = to;
+                links.next_end = std::min(end, to + block);
             }
-            states[std::size_t(h)].attend(view, sequence, first_head + h, begin, end, soft_cap, nullptr, links);
+            states[std::size_t(h)].attend(view, sequence, first_head + h, from, to, soft_cap, record, links);
         }
     }
     for (int h = 0; h < count; ++h)
         for (int g = 0; g < group; ++g)
             states[std::size_t(h)].store(g, outputs + (h * group + g) * dim, lse ? lse + h * group + g : nullptr,
                                          scales_of(view).value);
+    if (record)
+        for (int g = 0; g < group; ++g) record->set_lse(std::size_t(g), states.front().lse(g));
 }
 
 /// The rows 0..n-1 of a work item, as a score_record lists them.
@@ -156,14 +142,13 @@ void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* 
     if constexpr (pages_interleave_heads_v<Layout>) {
         if (splits == 1 && !scores) {
             const int heads_per_item = heads_per_decode_item(batch, view.kv_heads(), pool.threads());
-            const int chunks = (view.kv_heads() + heads_per_item - 1) / heads_per_item;
+            const int chunks = view.kv_heads() / heads_per_item;  // a divisor
             pool.parallel_for(batch * chunks, [&](int item) {
                 const int b = item / chunks, first = item % chunks * heads_per_item;
-                const int last = std::min(view.kv_heads(), first + heads_per_item);
                 const std::size_t first_row = std::size_t(b) * view.query_heads() + std::size_t(first) * group;
-                decode_heads_together(view, b, first, last, queries + first_row * dim, scale,
-                                      options.logits_soft_cap, outputs + first_row * dim,
-                                      lse ? lse + first_row : nullptr);
+                decode_heads(view, b, first, first + heads_per_item, 0, visible_keys(b), queries + first_row * dim,
+                             scale, options.logits_soft_cap, outputs + first_row * dim,
+                             lse ? lse + first_row : nullptr);
             });
             return;
         }
@@ -173,13 +158,13 @@ void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* 
             const int b = item / view.kv_heads(), kv = item % view.kv_heads();
             const std::size_t first_row = std::size_t(b) * view.query_heads() + std::size_t(kv) * group;
             if (!scores) {
-                decode_rows(view, b, kv, 0, visible_keys(b), queries + first_row * dim, scale, options.logits_soft_cap,
-                            outputs + first_row * dim, lse ? lse + first_row : nullptr);
+                decode_heads(view, b, kv, kv + 1, 0, visible_keys(b), queries + first_row * dim, scale,
+                             options.logits_soft_cap, outputs + first_row * dim, lse ? lse + first_row : nullptr);
                 return;
             }
             score_record record(first_rows(group));
-            decode_rows(view, b, kv, 0, visible_keys(b), queries + first_row * dim, scale, options.logits_soft_cap,
-                        outputs + first_row * dim, lse ? lse + first_row : nullptr, &record);
+            decode_heads(view, b, kv, kv + 1, 0, visible_keys(b), queries + first_row * dim, scale,
+                         options.logits_soft_cap, outputs + first_row * dim, lse ? lse + first_row : nullptr, &record);
             std::fill(score_block(item), score_block(item) + score_stride, 0.0f);
             record.add_to(score_block(item));
         });
@@ -198,8 +183,8 @@ void decode(thread_pool& pool, const Layout& view, const Query* queries, Query* 
         const int chunk = std::max((visible + splits - 1) / splits, min_split_keys);
         const int begin = std::min(visible, split * chunk), end = std::min(visible, begin + chunk);
         const std::size_t slot = std::size_t(split) * rows + first_row;
-        decode_rows(view, b, kv, begin, end, queries + first_row * dim, scale, options.logits_soft_cap,
-                    partial.data() + slot * dim, partial_lse.data() + slot, scores ? &records[work] : nullptr);
+        decode_heads(view, b, kv, kv + 1, begin, end, queries + first_row * dim, scale, options.logits_soft_cap,
+                     partial.data() + slot * dim, partial_lse.data() + slot, scores ? &records[work] : nullptr);
     });
     if (!scores) {
         merge_rows(splits, int(rows), dim, partial.data(), partial_lse.data(), outputs, lse);

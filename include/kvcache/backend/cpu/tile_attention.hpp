@@ -107,22 +107,16 @@ public:
     void store(int r, Output* output, float* lse, float output_scale = 1.0f) const {
         const float sum = running_sum()[r];
         const float inverse = sum > 0.0f ? output_scale / sum : 0.0f;
-        const float* accumulator = accumulators() + std::size_t(r) * Dim;
-        const auto write = [&](const float* row) {
-            for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(row[d] * inverse);
-        };
+        const float* row = accumulators() + std::size_t(r) * Dim;
+        [[maybe_unused]] float in_order[Dim];
         if constexpr (nibble_order_possible) {
             if (accumulators_in_nibble_order_) {
-                float in_order[Dim];
-                std::copy(accumulator, accumulator + Dim, in_order);
+                std::copy(row, row + Dim, in_order);
                 reorder_row(in_order, /*to_nibble_order=*/false);
-                write(in_order);
-            } else {
-                write(accumulator);
+                row = in_order;
             }
-        } else {
-            write(accumulator);
         }
+        for (int d = 0; d < Dim; ++d) output[d] = from_float<Output>(row[d] * inverse);
         if (lse) *lse = kvcache::detail::log_sum_exp(running_max()[r], sum);
     }
 
@@ -164,17 +158,23 @@ private:
         // Two tiles: the one computed now and the next, asked of memory
         // while the current one is scored. The first is asked at once.
         tile tiles[decode_ring];
-        if (!next_seen(tiles[0], slot_masks(0))) return;
-        if (!links.first_tile_asked) prefetch_tile<Dim>(tiles[0]);
         tile following;  // the next walk's first tile, asked during this walk's last
+        auto next_walk_first = [&] {
+            return links.next_kv_head >= 0 &&
+                   tile_cursor<Layout>(view, sequence, links.next_kv_head, links.next_begin, links.next_end,
+                                       last_position)
+                       .fill(following);
+        };
+        if (!next_seen(tiles[0], slot_masks(0))) {
+            if (next_walk_first()) prefetch_tile<Dim>(following);  // the next walk counts on it
+            return;
+        }
+        if (!links.first_tile_asked) prefetch_tile<Dim>(tiles[0]);
         for (int current = 0;; current ^= 1) {
             const int next = current ^ 1;
             const bool more = next_seen(tiles[next], slot_masks(next));
             const tile* ahead = more ? &tiles[next] : nullptr;
-            if (!more && links.next_kv_head >= 0 &&
-                tile_cursor<Layout>(view, sequence, links.next_kv_head, links.next_begin, links.next_end, last_position)
-                    .fill(following))
-                ahead = &following;
+            if (!more && next_walk_first()) ahead = &following;
             // 16-bit and fp8 rows past two row blocks; int8 and int4 rows are
             // always read in place, their widening costs a few instructions a
             // vector and their scales stay per row (int4: per group, load_int4).

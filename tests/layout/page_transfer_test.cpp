@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "cache_test_support.hpp"
 #include "kvcache/kvcache.hpp"
 
 namespace {
@@ -217,6 +219,68 @@ TEST_CASE("page exports as bytes refuse damage, truncation and the wrong element
     const page_export<float> back = page_export_from_bytes<float>(bytes);
     CHECK(back.length == 11);
     CHECK(back.tokens == prompt_tokens(11));
+}
+
+/// The bytes of each carried page of an export, as the page checksums cover them.
+template <class Element>
+std::vector<std::string> page_bytes(const page_export<Element>& e) {
+    std::vector<std::string> pages;
+    const auto* at = reinterpret_cast<const char*>(e.payload.data());
+    for (int p = e.first_page; p < e.page_count(); ++p) {
+        const std::size_t n = e.page_elements(p) * sizeof(typename page_export<Element>::payload_element);
+        pages.emplace_back(at, n);
+        at += n;
+    }
+    return pages;
+}
+
+TEST_CASE("page exports carry the striped hash (version 3) and still read version 2's FNV-1a") {
+    paged_cache<float, heads> prefill(layers, 16, page), decode(layers, 16, page);
+    const sequence_id source = add_prompt(prefill, prompt_tokens(21));
+    const page_export<float> sent = export_pages(prefill, source);
+    const std::vector<std::string> pages = page_bytes(sent);
+    REQUIRE(pages.size() == sent.page_checksums.size());
+    for (std::size_t p = 0; p < pages.size(); ++p)  // the hash as docs/layouts.md defines it
+        CHECK(sent.page_checksums[p] == test_support::documented_striped_hash(pages[p]));
+    std::vector<unsigned char> bytes = to_bytes(sent);
+    std::uint32_t version = 0;
+    std::memcpy(&version, bytes.data() + 8, 4);
+    CHECK(version == 3);
+    const auto trailer = [](std::vector<unsigned char>& b, std::uint64_t sum) { std::memcpy(b.data() + b.size() - 8, &sum, 8); };
+    const auto whole = [](const std::vector<unsigned char>& b) {
+        return std::string(reinterpret_cast<const char*>(b.data()), b.size() - 8);
+    };
+    std::uint64_t frame = 0;
+    std::memcpy(&frame, bytes.data() + bytes.size() - 8, 8);
+    CHECK(frame == test_support::documented_striped_hash(whole(bytes)));
+
+    // The same export as version 2 wrote it: FNV-1a page and frame checksums.
+    page_export<float> old = sent;
+    for (std::size_t p = 0; p < pages.size(); ++p) old.page_checksums[p] = test_support::documented_fnv1a(pages[p]);
+    std::vector<unsigned char> old_bytes = to_bytes(old);
+    version = 2;
+    std::memcpy(old_bytes.data() + 8, &version, 4);
+    trailer(old_bytes, test_support::documented_fnv1a(whole(old_bytes)));
+    const page_export<float> back = page_export_from_bytes<float>(old_bytes);
+    CHECK(back.page_checksums == sent.page_checksums);  // restated in the current hash, so import verifies them
+    CHECK(same_rows(prefill, source, decode, import_pages(decode, back)));
+
+    SUBCASE("a damaged page of a version 2 export") {
+        page_export<float> damaged = old;
+        damaged.payload[std::size_t(page) * row * 2 * layers + 7] += 1.0f;  // a row of page 1, after its checksum
+        std::vector<unsigned char> b = to_bytes(damaged);
+        std::memcpy(b.data() + 8, &version, 4);
+        trailer(b, test_support::documented_fnv1a(whole(b)));
+        CHECK_THROWS_WITH_AS(page_export_from_bytes<float>(b),
+                             "kvcache: format_error: page 1 of the export is damaged (checksum mismatch)", error);
+    }
+    SUBCASE("a version this build does not read") {
+        std::vector<unsigned char> b = bytes;
+        version = 7;
+        std::memcpy(b.data() + 8, &version, 4);
+        CHECK_THROWS_WITH_AS(page_export_from_bytes<float>(b),
+                             "kvcache: format_error: page export version 7 is not one this build reads (2 or 3)", error);
+    }
 }
 
 TEST_CASE("fp8 pages carry their layers' scales and refuse a receiver with other scales") {

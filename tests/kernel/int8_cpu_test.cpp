@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
+#include "support/scored_queries.hpp"
 #include "support/storage_owners.hpp"
 
 using namespace kvcache;
@@ -121,7 +125,12 @@ void check_owner(MakeCache make, MakeFloatCache make_float, const std::string& n
         p.scores = scores;
         p.score_stride = stride;
         cpu.decode(p);
-        decode_params r(plan.view(layer), span<const float>(decode_queries), span<float>(on_cache));
+        // The reference on the queries as the CPU scores them (rounded to
+        // 16-bit codes where its build scores int8 keys so: scored_queries.hpp).
+        const std::vector<float> scored =
+            kvcache_test::scored_queries<cpu_backend>::of<qint8, dim>(decode_queries, 1.0f / std::sqrt(float(dim)));
+        decode_params r(plan.view(layer), span<const float>(scored.empty() ? decode_queries : scored),
+                        span<float>(on_cache));
         r.lse = lse_on_cache;
         r.scores = scores_on_cache;
         r.score_stride = stride;
@@ -225,7 +234,10 @@ TEST_CASE("int8 caches on the CPU: a zero-scale row reads as zeros and a NaN row
         const std::vector<float> q(queries.begin(), queries.begin() + qh * dim);
         std::vector<float> out(q.size()), expected(q.size());
         cpu.decode(decode_params(plan.view(0), span<const float>(q), span<float>(out)));
-        reference_backend{}.decode(decode_params(plan.view(0), span<const float>(q), span<float>(expected)));
+        const std::vector<float> scored =
+            kvcache_test::scored_queries<cpu_backend>::of<qint8, dim>(q, 1.0f / std::sqrt(float(dim)));
+        reference_backend{}.decode(
+            decode_params(plan.view(0), span<const float>(scored.empty() ? q : scored), span<float>(expected)));
         compare(out, expected, "decode");
     }
     {
@@ -234,5 +246,42 @@ TEST_CASE("int8 caches on the CPU: a zero-scale row reads as zeros and a NaN row
         reference_backend{}.prefill(
             prefill_params(plan.view(0), span<const float>(queries), plan.new_token_offsets(), span<float>(expected)));
         compare(out, expected, "prefill");
+    }
+}
+
+TEST_CASE("16-bit query codes: a scale of max|q| / 32767, every value within half a step, non-finite rows refused") {
+    constexpr int dim = 64;
+    using cpu::detail::quantise_query;
+    std::vector<float> rows = random_rows(std::size_t(4) * dim, 41);
+    for (int d = 0; d < dim; ++d) rows[std::size_t(dim) + d] *= 1e-3f;  // a small row: the step follows its own max
+    rows[std::size_t(2) * dim + 9] = -7.5f;                             // its largest |value| is negative
+    for (int r = 0; r < 4; ++r) {
+        const float* row = rows.data() + std::size_t(r) * dim;
+        std::int16_t codes[dim];
+        float step = -1.0f;
+        REQUIRE(quantise_query<dim>(row, codes, step));
+        float largest = 0.0f;
+        for (int d = 0; d < dim; ++d) largest = std::max(largest, std::fabs(row[d]));
+        CHECK(step == doctest::Approx(largest / 32767.0f).epsilon(1e-6));
+        int extreme = 0;
+        for (int d = 0; d < dim; ++d) {
+            CHECK(std::abs(int(codes[d])) <= 32767);
+            CHECK(std::fabs(double(codes[d]) * step - row[d]) <= 0.5 * step * (1 + 1e-5));
+            extreme = std::max(extreme, std::abs(int(codes[d])));
+        }
+        CHECK(extreme == 32767);  // the largest value takes the largest code
+    }
+    std::int16_t codes[dim];
+    float step = -1.0f;
+    const std::vector<float> zeros(dim, 0.0f);
+    REQUIRE(quantise_query<dim>(zeros.data(), codes, step));
+    CHECK(step == 0.0f);
+    CHECK(std::all_of(codes, codes + dim, [](std::int16_t c) { return c == 0; }));
+    for (const float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+        std::vector<float> row(rows.begin(), rows.begin() + dim);
+        row[5] = bad;
+        std::fill(codes, codes + dim, std::int16_t(123));
+        CHECK_FALSE(quantise_query<dim>(row.data(), codes, step));
+        CHECK(codes[0] == 123);  // untouched: the row is scored in float
     }
 }

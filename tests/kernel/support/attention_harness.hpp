@@ -19,6 +19,7 @@
 #include "kvcache/core/kv_elements.hpp"
 #include "kvcache/core/memory.hpp"
 #include "scatter_layout.hpp"
+#include "scored_queries.hpp"
 
 namespace kvcache_test {
 
@@ -213,7 +214,8 @@ void check_attention(const Backend& backend, const std::string& backend_name, co
         const int batch = view.sequence_count();
         {  // decode
             const std::size_t rows = std::size_t(batch) * counts.query_heads();
-            const auto queries = buffer_of<Factory::template buffer>(random_rows<Query>(rows * Heads::head_dim, 3.0f, seed++));
+            const auto host_queries = random_rows<Query>(rows * Heads::head_dim, 3.0f, seed++);
+            const auto queries = buffer_of<Factory::template buffer>(host_queries);
             auto outputs = filled<Factory::template buffer>(rows * Heads::head_dim, from_float<Query>(99.0f));
             auto lse = filled<Factory::template buffer>(rows, 99.0f);
             decode_params call(view, first(queries, rows * Heads::head_dim), first(outputs, rows * Heads::head_dim));
@@ -221,7 +223,9 @@ void check_attention(const Backend& backend, const std::string& backend_name, co
             call.options = c.options;
             backend.decode(call);
             backend.synchronize();
-            compare(call.outputs, call.lse, reference.decode_exact(call), what + ", decode");
+            const auto scored = scored_queries<Backend>::template of<Element, Heads::head_dim>(
+                host_queries, resolved_softmax_scale(c.options, Heads::head_dim));
+            compare(call.outputs, call.lse, decode_as_scored(call, scored), what + ", decode");
         }
         std::vector<int> host_offsets(1, 0);
         for (int b = 0; b < batch; ++b) host_offsets.push_back(host_offsets.back() + c.chunk[b]);

@@ -12,11 +12,13 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvcache/backend/emulated.hpp"
 #include "kvcache/backend/reference.hpp"
 #include "kvcache/core/stored_row.hpp"
+#include "scored_queries.hpp"
 #include "storage_owners.hpp"
 
 namespace kvcache_test {
@@ -151,7 +153,10 @@ void check_owner(const Backend& backend, MakeCache make, const special_rows& spe
         p.scores = scores;
         p.score_stride = stride;
         backend.decode(p);
-        decode_params r(plan.view(layer), span<const float>(decode_queries), span<float>(expected));
+        // On the queries as the backend scores them (scored_queries.hpp).
+        const std::vector<float> scored = scored_queries<Backend>::template of<typename std::decay_t<decltype(plan.view(layer))>::element_type, dim>(
+            decode_queries, resolved_softmax_scale(attention_options{}, dim));
+        decode_params r(plan.view(layer), span<const float>(scored.empty() ? decode_queries : scored), span<float>(expected));
         r.lse = expected_lse;
         r.scores = expected_scores;
         r.score_stride = stride;

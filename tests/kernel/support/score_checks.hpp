@@ -92,7 +92,10 @@ void check_scores(const Backend& backend, const std::string& backend_name, const
         const std::size_t score_count = std::size_t(batch) * counts.kv_heads() * stride;
         {
             const std::size_t rows = std::size_t(batch) * counts.query_heads();
-            const auto queries = buffer_of<Factory::template buffer>(random_rows<Query>(rows * dim, 3.0f, seed++));
+            const auto host_queries = random_rows<Query>(rows * dim, 3.0f, seed++);
+            const auto queries = buffer_of<Factory::template buffer>(host_queries);
+            const auto scored = scored_queries<Backend>::template of<Element, dim>(
+                host_queries, resolved_softmax_scale(c.options, dim));
             std::vector<int> offsets;
             for (int b = 0; b <= batch; ++b) offsets.push_back(b);
             for (const int splits : {c.options.kv_splits, 4})
@@ -108,7 +111,7 @@ void check_scores(const Backend& backend, const std::string& backend_name, const
                     call.options.kv_splits = splits;
                     backend.decode(call);
                     backend.synchronize();
-                    const auto expected = reference.decode_exact(call);
+                    const auto expected = decode_as_scored(call, scored);
                     const std::string step = what + ", decode, kv_splits " + std::to_string(splits) +
                                              (with_lse ? "" : ", no lse");
                     compare(call.outputs, call.lse, expected, step);

@@ -72,6 +72,7 @@ public:
         if constexpr (nibble_order_possible)
             if (queries_in_nibble_order_) reorder_row(row, /*to_nibble_order=*/true);
         positions_[r] = position;
+        query_codes_current_ = false;
     }
 
     /// Folds the visible keys [begin, end) of (sequence, kv_head) into every
@@ -96,6 +97,8 @@ public:
             if (!accumulators_in_nibble_order_) reorder_rows(accumulators(), /*to_nibble_order=*/true);
             accumulators_in_nibble_order_ = true;
         }
+        if constexpr (int8_key_dots_v<typename tile::key_type, Dim>)
+            if (!query_codes_current_) quantise_queries();
         walk(view, sequence, kv_head, begin, end, soft_cap, record, links);
     }
 
@@ -189,6 +192,19 @@ private:
             }
             if (!more) return;
         }
+    }
+
+    /// Rounds every query row to 16-bit codes for int8 keys' integer dot
+    /// products (int8_key_dots_v); a row that is not finite makes the walks
+    /// score in float instead.
+    void quantise_queries() {
+        query_codes_.resize(std::size_t(rows_) * Dim);
+        query_code_scales_.resize(std::size_t(rows_));
+        query_codes_usable_ = true;
+        for (int r = 0; r < rows_ && query_codes_usable_; ++r)
+            query_codes_usable_ = quantise_query<Dim>(queries() + std::size_t(r) * Dim,
+                                                      query_codes_.data() + std::size_t(r) * Dim, query_code_scales_[r]);
+        query_codes_current_ = true;
     }
 
     /// Puts every row of `rows` (queries() or accumulators()) into int4 nibble order.
@@ -285,6 +301,17 @@ private:
             const int rows = std::min(row_block, rows_ - r0);
             if (!any_seen(masks + r0, rows)) continue;
             with_row_block(rows, [&](auto block) {
+                // One row a key (MHA) keeps the float scores: measured 0.91x at
+                // 16K cold with the dot products (docs/performance.md), the
+                // faster score step bunching the next tile's prefetches.
+                if constexpr (int8_key_dots_v<Key, Dim> && decltype(block)::value > 1) {
+                    if (query_codes_usable_) {
+                        tile_scores_int8_dots<decltype(block)::value, Dim>(
+                            query_codes_.data() + std::size_t(r0) * Dim, query_code_scales_.data() + r0, tile, keys,
+                            all_scores + std::size_t(r0) * tile_keys, scales.keys, r0 == 0 ? ahead : nullptr);
+                        return;
+                    }
+                }
                 tile_scores<decltype(block)::value, Dim>(queries() + std::size_t(r0) * Dim, tile, keys,
                                                          all_scores + std::size_t(r0) * tile_keys, scales.keys,
                                                          r0 == 0 ? ahead : nullptr);
@@ -355,6 +382,10 @@ private:
     std::vector<float> widened_;        ///< [2][tile_keys][Dim] float copies of a binary16 tile's K and V rows
     bool queries_in_nibble_order_ = false;       ///< set by the first walk over int4 keys
     bool accumulators_in_nibble_order_ = false;  ///< set by the first walk over int4 values
+    std::vector<std::int16_t> query_codes_;       ///< [rows][Dim] 16-bit query codes (int8 keys' dot products)
+    std::vector<float> query_code_scales_;        ///< [rows] their scales
+    bool query_codes_current_ = false;            ///< the codes are those of the rows loaded now
+    bool query_codes_usable_ = false;             ///< every row was finite when they were taken
 };
 
 }  // namespace KVCACHE_CPU_ISA_NAMESPACE

@@ -1,6 +1,6 @@
 // Paired decode timing: the base commit's CPU decode and the branch's,
 // alternated call by call (order swapped every pair) on the same fp16
-// contiguous cache (batch 1, D = 128; GQA 32/8 and MHA 8/8), 2 threads, with
+// contiguous cache (batch 1, D = 128; GQA 32/8 and MHA 8/8; fp16, then int8), 2 threads, with
 // the streaming read (2 threads, 2 GiB) probed before each shape: a call
 // reads 64 MiB of K/V at 16K, over this machine's 32 MiB LLC, and the other
 // unit's call in between evicts it.
@@ -19,7 +19,7 @@ stats of(std::vector<double> x) { std::sort(x.begin(), x.end()); return {x[x.siz
 template <class Heads, class View>
 void pair_case(const char* name, int context, int pairs) {
     using namespace kvcache;
-    auto filled = bench::make_contiguous<half, Heads>(1, context);
+    auto filled = bench::make_contiguous<typename View::element_type, Heads>(1, context);
     const View view = filled.view();
     const std::size_t q_size = std::size_t(Heads::query_heads()) * Heads::head_dim;
     const std::vector<float> q = bench::random_floats(q_size, 7);
@@ -44,9 +44,11 @@ void pair_case(const char* name, int context, int pairs) {
 }  // namespace
 int main(int argc, char** argv) {
     const int pairs = argc > 1 ? std::atoi(argv[1]) : 15;
-    std::printf("| heads (fp16, contiguous, batch 1) | context | read GB/s | base fraction of read [min, max] | branch fraction [min, max] | speed-up per pair | pairs | max abs diff |\n|---|---|---|---|---|---|---|---|\n");
+    std::printf("| heads (contiguous, batch 1; fp16 unless named) | context | read GB/s | base fraction of read [min, max] | branch fraction [min, max] | speed-up per pair | pairs | max abs diff |\n|---|---|---|---|---|---|---|---|\n");
     for (int context : {4096, 16384}) {
         pair_case<kvcache::head_config<32, 8, 128>, decode_view_gqa>("GQA 32/8", context, pairs);
         pair_case<kvcache::head_config<8, 8, 128>, decode_view_mha>("MHA 8/8", context, pairs);
+        pair_case<kvcache::head_config<32, 8, 128>, decode_view_gqa_int8>("GQA 32/8 int8", context, pairs);
+        pair_case<kvcache::head_config<8, 8, 128>, decode_view_mha_int8>("MHA 8/8 int8", context, pairs);
     }
 }

@@ -4,7 +4,7 @@
 # and called alternately on one cache, so a loaded machine slows both alike
 # and the per-pair ratio stays meaningful. Prefill: batch 1, paged fp32 and
 # fp16, 32q/8kv/d128, 512 query tokens after a 1024-token prefix. Decode:
-# batch 1, contiguous fp16, GQA 32/8 and MHA 8/8, d128, 4K and 16K keys,
+# batch 1, contiguous fp16 and int8, GQA 32/8 and MHA 8/8, d128, 4K and 16K keys,
 # against the streaming read probed in the same program. The base unit
 # renames the ISA namespace by macro, so the two units share no kernel symbol.
 # usage: scripts/paired_prefill/run.sh BASE_COMMIT [PAIRS] [prefill|decode]

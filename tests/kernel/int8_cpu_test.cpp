@@ -128,7 +128,7 @@ void check_owner(MakeCache make, MakeFloatCache make_float, const std::string& n
         // The reference on the queries as the CPU scores them (rounded to
         // 16-bit codes where its build scores int8 keys so: scored_queries.hpp).
         const std::vector<float> scored =
-            kvcache_test::scored_queries<cpu_backend>::of<qint8, dim>(decode_queries, 1.0f / std::sqrt(float(dim)));
+            kvcache_test::scored_queries<cpu_backend>::of<qint8, dim>(decode_queries, 1.0f / std::sqrt(float(dim)), qh / kv);
         decode_params r(plan.view(layer), span<const float>(scored.empty() ? decode_queries : scored),
                         span<float>(on_cache));
         r.lse = lse_on_cache;
@@ -235,7 +235,7 @@ TEST_CASE("int8 caches on the CPU: a zero-scale row reads as zeros and a NaN row
         std::vector<float> out(q.size()), expected(q.size());
         cpu.decode(decode_params(plan.view(0), span<const float>(q), span<float>(out)));
         const std::vector<float> scored =
-            kvcache_test::scored_queries<cpu_backend>::of<qint8, dim>(q, 1.0f / std::sqrt(float(dim)));
+            kvcache_test::scored_queries<cpu_backend>::of<qint8, dim>(q, 1.0f / std::sqrt(float(dim)), qh / kv);
         reference_backend{}.decode(
             decode_params(plan.view(0), span<const float>(scored.empty() ? q : scored), span<float>(expected)));
         compare(out, expected, "decode");

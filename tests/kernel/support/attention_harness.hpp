@@ -224,7 +224,7 @@ void check_attention(const Backend& backend, const std::string& backend_name, co
             backend.decode(call);
             backend.synchronize();
             const auto scored = scored_queries<Backend>::template of<Element, Heads::head_dim>(
-                host_queries, resolved_softmax_scale(c.options, Heads::head_dim));
+                host_queries, resolved_softmax_scale(c.options, Heads::head_dim), counts.query_heads() / counts.kv_heads());
             compare(call.outputs, call.lse, decode_as_scored(call, scored), what + ", decode");
         }
         std::vector<int> host_offsets(1, 0);

@@ -155,7 +155,7 @@ void check_owner(const Backend& backend, MakeCache make, const special_rows& spe
         backend.decode(p);
         // On the queries as the backend scores them (scored_queries.hpp).
         const std::vector<float> scored = scored_queries<Backend>::template of<typename std::decay_t<decltype(plan.view(layer))>::element_type, dim>(
-            decode_queries, resolved_softmax_scale(attention_options{}, dim));
+            decode_queries, resolved_softmax_scale(attention_options{}, dim), qh / kv);
         decode_params r(plan.view(layer), span<const float>(scored.empty() ? decode_queries : scored), span<float>(expected));
         r.lse = expected_lse;
         r.scores = expected_scores;

@@ -95,7 +95,7 @@ void check_scores(const Backend& backend, const std::string& backend_name, const
             const auto host_queries = random_rows<Query>(rows * dim, 3.0f, seed++);
             const auto queries = buffer_of<Factory::template buffer>(host_queries);
             const auto scored = scored_queries<Backend>::template of<Element, dim>(
-                host_queries, resolved_softmax_scale(c.options, dim));
+                host_queries, resolved_softmax_scale(c.options, dim), counts.query_heads() / counts.kv_heads());
             std::vector<int> offsets;
             for (int b = 0; b <= batch; ++b) offsets.push_back(b);
             for (const int splits : {c.options.kv_splits, 4})

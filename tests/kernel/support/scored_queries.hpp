@@ -22,7 +22,8 @@ namespace kvcache_test {
 /// The queries Backend's decode scores against a cache of Element at head
 /// dimension Dim, divided by the softmax scale again (so a reference call
 /// given them sees the logits the backend computed); empty when it scores the
-/// queries as given: every backend but the CPU one (below).
+/// queries as given: every backend but the CPU one (below). The queries are
+/// rows of Dim, `group` query heads a KV head (decode's [batch][query_heads]).
 /// @tparam Backend a backend type
 template <class Backend>
 struct scored_queries {
@@ -30,21 +31,28 @@ struct scored_queries {
     /// @tparam Dim head dimension
     /// @tparam Query the queries' element type
     template <class Element, int Dim, class Query>
-    static std::vector<float> of(const std::vector<Query>&, float) {
+    static std::vector<float> of(const std::vector<Query>&, float, int) {
         return {};
     }
 };
 
 /// The CPU backend: where its build scores int8 keys with 16-bit query codes
-/// (cpu::detail::int8_key_dots_v), the queries rounded as its decode rounds them.
+/// (cpu::detail::int8_key_dots_v), the queries rounded as its decode rounds
+/// them: every row but the one of a one-row block (a group of row_block x k + 1
+/// rows ends in one; MHA's groups are one row), which it scores in float.
 template <>
 struct scored_queries<kvcache::cpu_backend> {
     template <class Element, int Dim, class Query>
-    static std::vector<float> of(const std::vector<Query>& queries, float softmax_scale) {
+    static std::vector<float> of(const std::vector<Query>& queries, float softmax_scale, int group) {
         using kvcache::cpu::detail::int8_key_dots_v;
         if constexpr (int8_key_dots_v<kvcache::key_element_t<Element>, Dim>) {
             std::vector<float> scored(queries.size());
             for (std::size_t row = 0; row + Dim <= queries.size(); row += Dim) {
+                const int in_group = int(row / Dim % std::size_t(group));
+                if (group % kvcache::cpu::detail::row_block == 1 && in_group == group - 1) {  // a one-row block
+                    for (int d = 0; d < Dim; ++d) scored[row + d] = kvcache::to_float(queries[row + d]);
+                    continue;
+                }
                 float scaled[Dim];
                 std::int16_t codes[Dim];
                 float step = 0.0f;
@@ -56,7 +64,7 @@ struct scored_queries<kvcache::cpu_backend> {
             }
             return scored;
         } else {
-            (void)queries, (void)softmax_scale;
+            (void)queries, (void)softmax_scale, (void)group;
             return {};
         }
     }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -115,12 +116,14 @@ TEST_CASE("a device cache's host tier (page-locked) swaps a sequence out and bac
 namespace {
 
 /// Spills a prompt's cached pages to the host tier (a filler evicts them from
-/// the pool), matches the prompt again, and reads the rows back.
+/// the pool), matches the prompt again, and reads the rows back. With a disk
+/// directory the host tier holds one page and the other two go to page files.
 template <class Cache>
-void spill_and_match() {
+void spill_and_match(const std::string& disk_directory = {}) {
     constexpr int layers = 2, page = 4, row = heads::kv_heads() * heads::head_dim;
     Cache cache(layers, 4, page, true);
-    cache.attach_host_tier(4);
+    cache.attach_host_tier(disk_directory.empty() ? 4 : 1);
+    if (!disk_directory.empty()) cache.attach_disk_tier(disk_directory, 4, 2);
     const auto append = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
         const int n = static_cast<int>(tokens.size());
         const int first = cache.begin_append(id, n, tokens);
@@ -143,13 +146,15 @@ void spill_and_match() {
     append(b, tokens_from(900, 4 * page));  // every page: the cached ones are spilled to the host tier
     auto st = cache.statistics();
     CHECK(st.pages_spilled == 3);
-    CHECK(st.host_pages_cached == 3);
+    CHECK(st.host_pages_cached == (disk_directory.empty() ? 3 : 1));
+    CHECK(st.pages_written_to_disk == (disk_directory.empty() ? 0 : 2));
     cache.remove_sequence(b);
     const auto c = cache.add_sequence();
     const std::vector<std::int32_t> lookup(prompt.begin(), prompt.end() - 1);
     REQUIRE(cache.match_prefix(c, lookup) == 3 * page);
     st = cache.statistics();
-    CHECK(st.host_prefix_hit_pages == 3);
+    CHECK(st.host_prefix_hit_pages == (disk_directory.empty() ? 3 : 1));
+    CHECK(st.disk_prefix_hit_pages == (disk_directory.empty() ? 0 : 2));
     const int n = 3 * page;
     for (int l = 0; l < layers; ++l) {
         INFO("layer " << l);
@@ -166,4 +171,13 @@ TEST_CASE("a device cache spills evicted prefix pages to its host tier and a mat
     spill_and_match<kvcache::paged_cache<float, heads>>();  // the same steps in host memory, run everywhere
     if (skip_without_gpu("the prefix spill to a device cache's host tier")) return;
     spill_and_match<kvcache::paged_cache<float, heads, kvcache::device_memory>>();
+}
+
+TEST_CASE("a device cache reads spilled prefix pages back from page files, head-major, on a stream") {
+    const auto directory = std::filesystem::temp_directory_path() / "kvcache_device_memory_test_disk";
+    std::filesystem::remove_all(directory);
+    std::filesystem::create_directories(directory);
+    spill_and_match<kvcache::paged_cache<float, heads>>(directory.string());  // host memory, run everywhere
+    if (skip_without_gpu("the prefix spill to a device cache's disk tier")) return;
+    spill_and_match<kvcache::paged_cache<float, heads, kvcache::device_memory>>(directory.string());
 }

@@ -942,3 +942,114 @@ TEST_CASE("a tier the cache lacks is never asked, so never misses") {
     CHECK(st.pool_prefix_miss_pages == 0);
     CHECK(st.host_prefix_miss_pages == 0);
 }
+
+/// Flips a byte in the middle of a file.
+void damage_file(const std::filesystem::path& path) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(std::filesystem::file_size(path) / 2);
+    char byte = 0;
+    f.seekg(at);
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x40);
+    f.seekp(at);
+    f.write(&byte, 1);
+}
+
+TEST_CASE("page files read ahead of the match count only where the match used them") {
+    for (const int threads : {1, 3}) {
+        INFO(threads << " read threads");
+        const std::string directory = fresh_directory("read_ahead_" + std::to_string(threads));
+        {  // two pages of room in the pool for three on disk: two are read and kept
+            cache_type cache(layers, 4, page, true);
+            cache.attach_host_tier(4);
+            CHECK_THROWS_WITH_AS(cache.attach_disk_tier(directory, 8, -1),
+                                 doctest::Contains("disk tier read_threads = -1 must not be negative"), kvcache::error);
+            CHECK(cache.disk_tier_pages() == 0);  // the refused call attached nothing
+            cache.attach_disk_tier(directory, 8, threads);
+            CHECK(cache.disk_read_threads() == threads);
+            const auto prompts = fill_through_tiers(cache);  // prompt 0: its four pages on disk only
+            const std::vector<std::int32_t> lookup(prompts[0].begin(), prompts[0].end() - 1);  // three full pages
+            const auto file_bytes = std::filesystem::file_size(page_file(directory, prompts[0], 0));
+            const auto holder = cache.add_sequence();
+            append_tokens(cache, holder, tokens_from(9000, 2 * page));
+            const auto before = cache.statistics();
+            const auto a = cache.add_sequence();
+            CHECK(cache.match_prefix(a, lookup) == 2 * page);
+            const auto st = cache.statistics();
+            CHECK(st.disk_prefix_hit_pages == before.disk_prefix_hit_pages + 2);
+            CHECK(st.bytes_read_from_disk == before.bytes_read_from_disk + 2 * file_bytes);
+            check_first_rows(cache, a, prompts[0], 2 * page);
+        }
+        {  // pages 1 and 2 damaged: the match refuses page 1 and ends; page 2, read ahead, is neither used nor refused
+            cache_type cache(layers, 4, page, true);
+            cache.attach_host_tier(4);
+            cache.attach_disk_tier(directory, 8, threads);
+            const auto prompts = fill_through_tiers(cache);
+            const std::vector<std::int32_t> lookup(prompts[0].begin(), prompts[0].end() - 1);
+            const auto file_bytes = std::filesystem::file_size(page_file(directory, prompts[0], 0));
+            damage_file(page_file(directory, prompts[0], 1));
+            damage_file(page_file(directory, prompts[0], 2));
+            const auto before = cache.statistics();
+            const auto a = cache.add_sequence();
+            CHECK(cache.match_prefix(a, lookup) == page);
+            const auto st = cache.statistics();
+            CHECK(st.disk_prefix_hit_pages == before.disk_prefix_hit_pages + 1);
+            CHECK(st.bytes_read_from_disk == before.bytes_read_from_disk + file_bytes);
+            CHECK(st.disk_pages_refused == before.disk_pages_refused + 1);
+            CHECK(!std::filesystem::exists(page_file(directory, prompts[0], 1)));
+            CHECK(std::filesystem::exists(page_file(directory, prompts[0], 2)));
+            append_tokens(cache, a, {prompts[0].begin() + page, prompts[0].end()});  // the rest is recomputed
+            check_rows(cache, a, prompts[0]);
+        }
+    }
+}
+
+TEST_CASE("a page file reads back as the file holds it, or head-major as a device pool's page holds it") {
+    // A device pool takes page files head-major from its read threads (one
+    // copy a plane); a host pool reorders as it copies. Both orders, here
+    // where no GPU is needed.
+    constexpr int kv = 2, dim = 3, tier_layers = 2;
+    kvcache::detail::file_header header;
+    header.layout = kvcache::layout_kind::paged;
+    header.element = kvcache::kinds_of<float>();
+    header.heads = {4, kv, dim};
+    header.layers = tier_layers;
+    header.parameters[0] = page;
+    kvcache::detail::disk_tier<float> disk(fresh_directory("head_major"), 2, header);
+    const std::vector<std::int32_t> tokens = tokens_from(70, page);
+    const std::uint64_t hash = kvcache::detail::chain_hash(kvcache::detail::root_hash, tokens.data(), page);
+    const std::size_t plane = std::size_t(page) * kv * dim;
+    kvcache::detail::disk_tier<float>::key_rows keys(tier_layers, std::vector<float>(plane));
+    kvcache::detail::disk_tier<float>::value_rows values(tier_layers, std::vector<float>(plane));
+    for (int l = 0; l < tier_layers; ++l)
+        for (std::size_t i = 0; i < plane; ++i) {
+            keys[l][i] = float(1000 * l + int(i));
+            values[l][i] = -keys[l][i] - 1;
+        }
+    disk.store(hash, kvcache::detail::root_hash, tokens, keys, values);
+    REQUIRE(disk.count() == 1);
+    CHECK(!disk.read(hash + 1, kvcache::detail::root_hash, tokens.data(), page, false));  // never stored
+    const auto as_file = disk.read(hash, kvcache::detail::root_hash, tokens.data(), page, false);
+    const auto head_major = disk.read(hash, kvcache::detail::root_hash, tokens.data(), page, true);
+    REQUIRE(as_file);
+    REQUIRE(head_major);
+    CHECK(as_file->file_bytes > 0);
+    CHECK(head_major->file_bytes == as_file->file_bytes);
+    for (int l = 0; l < tier_layers; ++l)
+        for (int t = 0; t < page; ++t)
+            for (int h = 0; h < kv; ++h)
+                for (int d = 0; d < dim; ++d) {
+                    const std::size_t token_major = (std::size_t(t) * kv + h) * dim + d;
+                    const std::size_t in_plane = (std::size_t(h) * page + t) * dim + d;
+                    INFO("layer " << l << ", token " << t << ", head " << h << ", element " << d);
+                    CHECK(as_file->keys[l * plane + token_major] == keys[l][token_major]);
+                    CHECK(as_file->values[l * plane + token_major] == values[l][token_major]);
+                    CHECK(head_major->keys[l * plane + in_plane] == keys[l][token_major]);
+                    CHECK(head_major->values[l * plane + in_plane] == values[l][token_major]);
+                }
+    const auto counters = disk.counters();
+    CHECK(counters.loaded == 0);  // reads change nothing; note_read records what a caller used
+    disk.note_read(hash, true, head_major->file_bytes);
+    CHECK(disk.counters().loaded == 1);
+    CHECK(disk.counters().bytes_read == head_major->file_bytes);
+}

@@ -88,12 +88,13 @@ public:
     const Cache& cache() const { return cache_; }
     Cache& cache() { return cache_; }
     /// Puts a disk tier of `pages` page files in `directory` below the host
-    /// tier (paged runs with one); a load into a fresh cache gives it a new
+    /// tier (paged runs with one), its files read on three threads, more
+    /// than this machine may have; a load into a fresh cache gives it a new
     /// tier in a subdirectory of its own.
     void use_disk_tier(const std::string& directory, int pages) {
         disk_directory_ = directory;
         disk_pages_ = pages;
-        cache_.attach_disk_tier(directory, pages);
+        cache_.attach_disk_tier(directory, pages, 3);
     }
     void remove_all() {
         for (const auto& entry : model_) cache_.remove_sequence(entry.first);
@@ -454,7 +455,7 @@ private:
             if (disk_pages_ > 0) {
                 const std::string directory = disk_directory_ + "/load" + std::to_string(++disk_generation_);
                 std::filesystem::create_directories(directory);
-                fresh.attach_disk_tier(directory, disk_pages_);
+                fresh.attach_disk_tier(directory, disk_pages_, cache_.disk_read_threads());
             }
             return fresh;
         } else if constexpr (kind == kvcache::layout_kind::sliding_window)

@@ -8,15 +8,18 @@
 // does not pay for <filesystem>.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "kvcache/cache/row_transfer.hpp"
 #include "kvcache/cache/serialization.hpp"
 #include "kvcache/core/error.hpp"
 
@@ -129,27 +132,55 @@ public:
         counters_.bytes_written += bytes;
     }
 
-    /// Reads a stored page back into `rows` (one record of `count` positions,
-    /// per layer [position][kv_head][row]); false, with the entry and its
-    /// file forgotten, when the file is missing, fails its checks or holds
-    /// other tokens.
-    bool load(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count,
-              file_records<Element>& rows) {
-        if (!contains(hash, parent, tokens, count)) return false;
+    /// One page's rows read back, every layer's after the previous one's:
+    /// token-major [position][kv_head][row] as the file holds them, or
+    /// head-major [kv_head][position][row] as a pool page holds them.
+    struct page_rows {
+        std::vector<key_element_t<Element>> keys;
+        std::vector<value_element_t<Element>> values;
+        std::uint64_t file_bytes = 0;  ///< bytes of the file read
+    };
+
+    /// Reads a stored page of `count` positions back, its rows head-major
+    /// when asked; nothing when no such page was stored or its file is
+    /// missing, fails its checks or holds other tokens. Changes nothing, so
+    /// several threads may read at once; note_read() then tells the tier
+    /// what became of each read it used.
+    std::optional<page_rows> read(std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens, int count,
+                                  bool head_major) const {
+        if (!contains(hash, parent, tokens, count)) return std::nullopt;
+        file_records<Element> rows;
         try {
             rows = read_page(path_of(hash), count);
             const auto r = *rows.begin();
             require(std::equal(r.tokens.begin(), r.tokens.end(), tokens), error_code::format_error,
                     "the page file holds other tokens");
-            counters_.bytes_read += rows.file_bytes();
         } catch (const error&) {
+            return std::nullopt;
+        }
+        page_rows page;
+        page.file_bytes = rows.file_bytes();
+        page.keys = std::move(rows.key_rows_);
+        page.values = std::move(rows.value_rows_);
+        if (head_major) {
+            to_head_major(page.keys, count);
+            to_head_major(page.values, count);
+        }
+        return page;
+    }
+
+    /// Records the outcome of a read() of the page `hash` a caller used: a
+    /// hit of `file_bytes` bytes makes it the most recently used page; a miss
+    /// (nothing read) forgets the entry and deletes its file.
+    void note_read(std::uint64_t hash, bool hit, std::uint64_t file_bytes) {
+        if (!hit) {
             ++counters_.damaged;
             forget(hash);
-            return false;
+            return;
         }
+        counters_.bytes_read += file_bytes;
         touch(hash);
         ++counters_.loaded;
-        return true;
     }
 
     /// Deletes every page file and forgets it; returns how many there were.
@@ -179,20 +210,14 @@ private:
         const std::uint64_t size = static_cast<std::uint64_t>(end);
         checked_reader r(in, size);
         require(read_header(r, header_) == 1, error_code::format_error, "a page file holds one record");
-        file_records<Element> out;
-        out.key_row_ = position_row_elements<key_element_t<Element>>(header_.heads);
-        out.value_row_ = position_row_elements<value_element_t<Element>>(header_.heads);
-        out.layers_ = header_.layers;
-        out.counts_.resize(1);
-        out.positions_.resize(std::size_t(count));
-        out.tokens_.resize(std::size_t(count));
-        out.key_rows_.resize(std::size_t(header_.layers) * count * out.key_row_);
-        out.value_rows_.resize(std::size_t(header_.layers) * count * out.value_row_);
-        const record_totals read = read_records<Element>(r, 1, header_.layers, out.key_row_, out.value_row_, &out);
         record_totals expected;
         expected.positions = expected.tokens = std::uint64_t(count);
-        expected.key_rows = out.key_rows_.size();
-        expected.value_rows = out.value_rows_.size();
+        expected.key_rows =
+            std::uint64_t(header_.layers) * count * position_row_elements<key_element_t<Element>>(header_.heads);
+        expected.value_rows =
+            std::uint64_t(header_.layers) * count * position_row_elements<value_element_t<Element>>(header_.heads);
+        file_records<Element> out = sized_records<Element>(1, expected, header_);
+        const record_totals read = read_records<Element>(r, 1, header_.layers, out.key_row_, out.value_row_, &out);
         require(read == expected && out.counts_[0].length == count, error_code::format_error,
                 "a page file holds one full page of ", count, " positions");
         const std::uint64_t hash = r.hash();
@@ -200,6 +225,20 @@ private:
         require(r.unread() == 0, error_code::format_error, r.unread(), " bytes follow the checksum");
         out.file_bytes_ = size;
         return out;
+    }
+
+    /// Each layer's token-major rows [position][kv_head][row] of `rows`
+    /// reordered in place into a head-major plane.
+    template <class Side>
+    void to_head_major(std::vector<Side>& rows, int count) const {
+        const int kv = header_.heads.kv_heads;
+        const int row = row_elements<Side>(header_.heads.head_dim);
+        const std::size_t plane = std::size_t(count) * kv * row;
+        std::vector<Side> scratch(plane);
+        for (std::size_t at = 0; at + plane <= rows.size(); at += plane) {
+            token_rows_to_planes(rows.data() + at, scratch.data(), count, kv, row);
+            std::copy(scratch.begin(), scratch.end(), rows.begin() + std::ptrdiff_t(at));
+        }
     }
 
     std::string path_of(std::uint64_t hash) const {

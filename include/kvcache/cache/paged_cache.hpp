@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvcache/cache/compaction.hpp"
@@ -19,6 +20,7 @@
 #include "kvcache/cache/host_tier.hpp"
 #include "kvcache/cache/owner_base.hpp"
 #include "kvcache/cache/page_pool.hpp"
+#include "kvcache/cache/parallel_reads.hpp"
 #include "kvcache/cache/row_transfer.hpp"
 #include "kvcache/cache/sequence_id.hpp"
 #include "kvcache/core/element.hpp"
@@ -170,22 +172,32 @@ public:
 
     /// Shares the longest run of cached full pages matching token_ids with
     /// the empty sequence id, and returns the tokens covered (a multiple of
-    /// page_size). invalid_argument when the sequence is not empty.
+    /// page_size). Pages found in the host or disk tier are copied back into
+    /// the pool while it has room; the page files such a match needs are read
+    /// on the disk tier's read threads at once. Copies into the pool are
+    /// issued on stream (device caches: asynchronous, from page-locked host
+    /// pages) and waited for once, before it returns. invalid_argument when
+    /// the sequence is not empty.
     /// Pass every prompt token but the last: that one must still run through
     /// the model for its logits, so a match never covers it.
-    int match_prefix(sequence_id id, const std::vector<std::int32_t>& token_ids) {
+    int match_prefix(sequence_id id, const std::vector<std::int32_t>& token_ids,
+                     typename Memory::stream_type stream = {}) {
         state& s = resident(id, "match_prefix");
         require(s.length == 0, error_code::invalid_argument, "match_prefix needs an empty sequence; sequence ", id,
                 " has length ", s.length);
         const int full = static_cast<int>(token_ids.size()) / page_size_;
+        // The page files the walk below will read, read first, all at once
+        // (changing nothing, so a failure leaves every tier as it was).
+        std::vector<std::optional<page_image>> images(static_cast<std::size_t>(full));
+        std::vector<char> read_ahead(static_cast<std::size_t>(full), 0);
+        if (prefix_caching_) read_disk_pages_ahead(token_ids, full, images, read_ahead);
         queried_ += full;
         if (!prefix_caching_) return 0;
-        // Walk the chain first, holding each hit (pool pages retained, host-tier
+        // Walk the chain, holding each hit (pool pages retained, host-tier
         // pages pinned), so bringing pages back cannot evict a later page of it.
         struct hit {
-            int page, host;
+            int page, host, index;
             std::uint64_t hash, parent;
-            detail::file_records<Element> rows;  // read from the disk tier
         };
         std::vector<hit> chain;
         std::uint64_t parent = detail::root_hash;
@@ -200,31 +212,50 @@ public:
             // match ends here, before a lower tier is asked or a file is read.
             if (page < 0 && to_bring_back >= pool_.available()) break;
             const int host = page < 0 && tier_.size() > 0 ? tier_.find(hash, parent, tokens, page_size_) : -1;
-            hit h{page, host, hash, parent, {}};
             host_misses_ += page < 0 && tier_.size() > 0 && host < 0 ? 1 : 0;
-            // Disk pages are read now: a later spill could evict their files. A damaged one ends the match.
-            if (page < 0 && host < 0 && !disk_.load(hash, parent, tokens, page_size_, h.rows)) {
-                disk_misses_ += disk_.size() > 0 ? 1 : 0;
-                break;
+            if (page < 0 && host < 0) {  // the disk tier's, or a miss; a damaged file ends the match
+                if (!disk_.contains(hash, parent, tokens, page_size_)) {
+                    disk_misses_ += disk_.size() > 0 ? 1 : 0;
+                    break;
+                }
+                if (!read_ahead[std::size_t(i)])
+                    images[std::size_t(i)] = disk_.read(hash, parent, tokens, page_size_, read_head_major);
+                const auto& image = images[std::size_t(i)];
+                disk_.note_read(hash, image.has_value(), image ? image->file_bytes : 0);
+                if (!image) {
+                    ++disk_misses_;
+                    break;
+                }
             }
             if (page >= 0) pool_.retain(page);
             else if (host >= 0) tier_.retain(host);
             to_bring_back += page < 0 ? 1 : 0;
-            chain.push_back(std::move(h));
+            chain.push_back(hit{page, host, i, hash, parent});
             parent = hash;
         }
         std::size_t kept = chain.size();
+        bool copied = false;
         for (std::size_t k = 0; k < chain.size(); ++k) {  // spilled pages come back while the pool has room
-            if (chain[k].page >= 0) continue;
+            hit& h = chain[k];
+            if (h.page >= 0) continue;
             if (pool_.available() == 0) {
                 kept = k;
                 break;
             }
-            const std::int32_t* tokens = token_ids.data() + k * std::size_t(page_size_);
-            chain[k].page = chain[k].host >= 0 ? bring_back(chain[k].host, chain[k].hash, chain[k].parent, tokens)
-                                               : bring_back_rows(chain[k].rows, chain[k].hash, chain[k].parent,
-                                                                 tokens);
+            const std::int32_t* tokens = token_ids.data() + std::size_t(h.index) * page_size_;
+            h.page = allocate_page(stream);
+            if (h.host >= 0) {
+                copy_page_from_host(h.host, h.page, stream);
+                ++host_hits_;
+            } else {
+                copy_page_from_image(*images[std::size_t(h.index)], h.page, stream);
+                ++disk_hits_;
+            }
+            pool_.publish(h.page, h.hash, h.parent, tokens, page_size_);
+            copied = true;
         }
+        // The pinned host pages and the images stay until the copies are done.
+        if (copied) Memory::synchronize(stream);
         for (std::size_t k = 0; k < chain.size(); ++k) {
             if (chain[k].host >= 0) tier_.release(chain[k].host);
             if (k >= kept && chain[k].page >= 0) pool_.release(chain[k].page);
@@ -417,15 +448,23 @@ public:
     /// Gives the host tier a disk tier below it: up to `pages` spilled prefix
     /// pages the host tier evicts are written to files in `directory` (which
     /// must exist), one cache file per page, and match_prefix reads them
-    /// back. A file that is missing, damaged or holds other tokens is a miss.
-    /// The files are deleted with the tier. invalid_argument without a host
-    /// tier; io_error when the directory is missing or not writable.
-    void attach_disk_tier(const std::string& directory, int pages) {
+    /// back, on up to read_threads threads at once (0: the machine's hardware
+    /// threads, at most 8). A file that is missing, damaged or holds other
+    /// tokens is a miss. The files are deleted with the tier.
+    /// invalid_argument without a host tier or for a negative count;
+    /// io_error when the directory is missing or not writable.
+    void attach_disk_tier(const std::string& directory, int pages, int read_threads = 0) {
         require(tier_.size() > 0, error_code::invalid_argument,
                 "a disk tier sits below the host tier: attach_host_tier(pages) first");
         require(pages >= 0, error_code::invalid_argument, "disk tier pages = ", pages, " must not be negative");
+        require(read_threads >= 0, error_code::invalid_argument, "disk tier read_threads = ", read_threads,
+                " must not be negative (0: the machine's hardware threads)");
         disk_ = detail::disk_tier<Element>(directory, pages, header());
+        disk_read_threads_ =
+            read_threads > 0 ? read_threads : std::clamp(int(std::thread::hardware_concurrency()), 1, 8);
     }
+    /// Threads match_prefix reads page files on.
+    int disk_read_threads() const noexcept { return disk_read_threads_; }
     /// Pages of the disk tier (0: none).
     int disk_tier_pages() const noexcept { return disk_.size(); }
 
@@ -708,21 +747,13 @@ private:
         Memory::synchronize();  // a spill's copy into it may still be in flight on a plan's stream
         typename detail::disk_tier<Element>::key_rows keys(layers_);
         typename detail::disk_tier<Element>::value_rows values(layers_);
-        // Head-major planes to token-major rows, each side in rows of its type.
-        const auto token_major = [&](const auto* plane, auto& rows) {
-            using side = std::remove_cv_t<std::remove_pointer_t<decltype(plane)>>;
-            constexpr int dim = row_elements<side>(Heads::head_dim);
-            const int kv = this->kv_heads();
-            rows.resize(std::size_t(page_size_) * kv * dim);
-            for (int t = 0; t < page_size_; ++t)
-                for (int h = 0; h < kv; ++h) {
-                    const std::size_t from = (std::size_t(h) * page_size_ + t) * dim, to = (std::size_t(t) * kv + h) * dim;
-                    std::copy(plane + from, plane + from + dim, rows.begin() + to);
-                }
-        };
         for (int l = 0; l < layers_; ++l) {
-            token_major(tier_.keys(l, host), keys[l]);
-            token_major(tier_.values(l, host), values[l]);
+            keys[l].resize(std::size_t(page_size_) * this->kv_heads() * row_of<key_type>);
+            values[l].resize(std::size_t(page_size_) * this->kv_heads() * row_of<value_type>);
+            detail::planes_to_token_rows(tier_.keys(l, host), keys[l].data(), page_size_, this->kv_heads(),
+                                         row_of<key_type>);
+            detail::planes_to_token_rows(tier_.values(l, host), values[l].data(), page_size_, this->kv_heads(),
+                                         row_of<value_type>);
         }
         disk_.store(tier_.hash_of(host), tier_.parent_of(host), tier_.tokens_of(host), std::move(keys),
                     std::move(values));
@@ -745,34 +776,52 @@ private:
         disk_.store(hash, parent, tokens, std::move(keys), std::move(values));
     }
 
-    /// A pool page (one reference, published) holding a page read from the
-    /// disk tier; the pool must have a page available.
-    int bring_back_rows(const detail::file_records<Element>& rows, std::uint64_t hash, std::uint64_t parent,
-                        const std::int32_t* tokens) {
-        const int page = allocate_page();
-        const auto record = *rows.begin();
-        for (int l = 0; l < layers_; ++l) {
-            scatter_side(keys_[l].data(), page, 0, record.keys(l), page_size_);
-            scatter_side(values_[l].data(), page, 0, record.values(l), page_size_);
-        }
-        pool_.publish(page, hash, parent, tokens, page_size_);
-        ++disk_hits_;
-        return page;
-    }
+    /// A page read back from its file.
+    using page_image = typename detail::disk_tier<Element>::page_rows;
+    /// Pages read back for device memory are made head-major on the read
+    /// threads, so each plane is one asynchronous copy; a host pool takes
+    /// the file's rows and reorders them as it copies.
+    static constexpr bool read_head_major = Memory::space != memory_space::host;
 
-    /// Spilled host page `host` (pinned by the caller, so the spill the
-    /// allocation may cause cannot evict it) copied back into a pool page,
-    /// which is published again and returned with one reference; the pool
-    /// must have a page available.
-    int bring_back(int host, std::uint64_t hash, std::uint64_t parent, const std::int32_t* tokens) {
-        const int page = allocate_page();
-        for (int l = 0; l < layers_; ++l) {
-            Memory::copy_from_host(key_plane(l, page), tier_.keys(l, host), key_plane_bytes());
-            Memory::copy_from_host(value_plane(l, page), tier_.values(l, host), value_plane_bytes());
+    /// Reads the page files match_prefix's walk over token_ids will ask for
+    /// (a few more when a file turns out damaged: the walk stops there) on
+    /// the disk tier's read threads, each into images at its place in the
+    /// chain, and marks it in read_ahead (a damaged file leaves an empty image).
+    void read_disk_pages_ahead(const std::vector<std::int32_t>& token_ids, int full,
+                               std::vector<std::optional<page_image>>& images, std::vector<char>& read_ahead) const {
+        if (disk_.count() == 0) return;
+        struct wanted {
+            int index;
+            std::uint64_t hash, parent;
+        };
+        std::vector<wanted> reads;
+        std::uint64_t parent = detail::root_hash;
+        // The same walk as match_prefix's, without its side effects: retaining
+        // an evictable page takes it from what the pool has available.
+        int room = pool_.available();
+        for (int i = 0; i < full; ++i) {
+            const std::int32_t* tokens = token_ids.data() + std::size_t(i) * page_size_;
+            const std::uint64_t hash = detail::chain_hash(parent, tokens, page_size_);
+            const int page = pool_.find(hash, parent, tokens, page_size_);
+            if (page >= 0) {
+                room -= pool_.references(page) == 0 ? 1 : 0;
+            } else {
+                if (room <= 0) break;
+                --room;
+                if (tier_.size() == 0 || tier_.find(hash, parent, tokens, page_size_) < 0) {
+                    if (!disk_.contains(hash, parent, tokens, page_size_)) break;
+                    reads.push_back(wanted{i, hash, parent});
+                }
+            }
+            parent = hash;
         }
-        pool_.publish(page, hash, parent, tokens, page_size_);
-        ++host_hits_;
-        return page;
+        detail::run_in_parallel(static_cast<int>(reads.size()), disk_read_threads_, [&](int k) {
+            const wanted& w = reads[std::size_t(k)];
+            images[std::size_t(w.index)] =
+                disk_.read(w.hash, w.parent, token_ids.data() + std::size_t(w.index) * page_size_, page_size_,
+                           read_head_major);
+        });
+        for (const wanted& w : reads) read_ahead[std::size_t(w.index)] = 1;
     }
 
     /// The primary page still holding host page h's rows, or -1: a linked page
@@ -793,6 +842,22 @@ private:
         for (int l = 0; l < layers_; ++l) {
             Memory::copy_from_host_async(key_plane(l, primary), tier_.keys(l, host), key_plane_bytes(), stream);
             Memory::copy_from_host_async(value_plane(l, primary), tier_.values(l, host), value_plane_bytes(), stream);
+        }
+    }
+    /// Copies a page read from its file into pool page `primary`, ordered on stream.
+    void copy_page_from_image(const page_image& image, int primary, typename Memory::stream_type stream) {
+        for (int l = 0; l < layers_; ++l) {
+            const key_type* keys = image.keys.data() + l * page_elements();
+            const value_type* values = image.values.data() + l * value_page_elements();
+            if constexpr (read_head_major) {
+                Memory::copy_from_host_async(key_plane(l, primary), keys, key_plane_bytes(), stream);
+                Memory::copy_from_host_async(value_plane(l, primary), values, value_plane_bytes(), stream);
+            } else {
+                detail::token_rows_to_planes(keys, key_plane(l, primary), page_size_, this->kv_heads(),
+                                             row_of<key_type>);
+                detail::token_rows_to_planes(values, value_plane(l, primary), page_size_, this->kv_heads(),
+                                             row_of<value_type>);
+            }
         }
     }
 
@@ -1081,6 +1146,7 @@ private:
     std::uint64_t spilled_pages_ = 0, host_hits_ = 0, disk_hits_ = 0;
     std::uint64_t pool_misses_ = 0, host_misses_ = 0, disk_misses_ = 0;  // match_prefix lookups not found, per tier
     detail::disk_tier<Element> disk_;  // after tier_: pages move host -> disk
+    int disk_read_threads_ = 1;
     std::uint64_t queried_ = 0, hits_ = 0, copies_ = 0;
     std::uint64_t compaction_releases_ = 0, rows_moved_ = 0;
 };

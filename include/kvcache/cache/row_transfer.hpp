@@ -1,7 +1,8 @@
 // Moving token rows between host arrays laid out [token][kv_head][head_dim]
 // and cache storage, where each KV head's rows are contiguous. Rows are
 // regrouped on the host first so each head is one copy (one cudaMemcpy on
-// device memory rather than one per row).
+// device memory rather than one per row); the regrouping alone serves page
+// files, which hold token-major rows of head-major pages.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,25 @@
 
 namespace kvcache {
 namespace detail {
+
+/// Host rows [token][kv_head][row] of n tokens to head-major planes
+/// [kv_head][token][row], as a pool page holds them.
+/// @tparam Element stored element type
+template <class Element>
+void token_rows_to_planes(const Element* rows, Element* planes, int n, int kv, int row) {
+    for (int h = 0; h < kv; ++h)
+        for (int t = 0; t < n; ++t)
+            std::copy_n(rows + (std::size_t(t) * kv + h) * row, row, planes + (std::size_t(h) * n + t) * row);
+}
+
+/// The reverse of token_rows_to_planes.
+/// @tparam Element stored element type
+template <class Element>
+void planes_to_token_rows(const Element* planes, Element* rows, int n, int kv, int row) {
+    for (int h = 0; h < kv; ++h)
+        for (int t = 0; t < n; ++t)
+            std::copy_n(planes + (std::size_t(h) * n + t) * row, row, rows + (std::size_t(t) * kv + h) * row);
+}
 
 /// Copies n tokens' rows from host source [token][kv_head][head_dim] to
 /// storage where head h (of kv_heads) has its first row at destination + h * head_stride.

@@ -134,7 +134,8 @@ def main():
     rows = []
     for r in of("prefix_tiers"):
         p, m = r["params"], r["metrics"]
-        rows.append([p["tier"], p["element"], str(p["context"]), str(p["layers"]), str(p["bytes"]),
+        tier = p["tier"] + (f' ({p["read_threads"]} read threads)' if p.get("read_threads", 0) > 0 else "")
+        rows.append([tier, p["element"], str(p["context"]), str(p["layers"]), str(p["bytes"]),
                      spread(m, "bring_back_ms"), spread(m, "copy_ms"),
                      f'{m["bring_back_fraction_of_copy"]:.2f} ({m["fraction_min"]:.2f} .. {m["fraction_max"]:.2f})'])
     if rows:

@@ -7,10 +7,13 @@
 // new sequence, which copies every page back into the pool, and a memcpy of
 // as many bytes between two host buffers. The disk row reads files the tier
 // just wrote: the operating system's page cache serves them, so it measures
-// the format's read and checksum, not a disk.
+// the format's read and checksum, not a disk. The disk row is run with the
+// page files read on one thread and on the bench's threads.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -33,7 +36,7 @@ void write_rows(paged_cache<half, bench_heads>& cache, sequence_id id, int first
     for (int l = 0; l < tier_layers; ++l) cache.write(id, l, first, rows, rows, n);
 }
 
-void measure_tier(const options& opts, report& out, bool disk, int context) {
+void measure_tier(const options& opts, report& out, bool disk, int context, int read_threads) {
     const int prompt_pages = context / bench_page_size;
     paged_cache<half, bench_heads> cache(tier_layers, prompt_pages, bench_page_size, true);
     std::string directory;
@@ -42,7 +45,7 @@ void measure_tier(const options& opts, report& out, bool disk, int context) {
                      ("kvcache_bench_prefix_tiers_" + std::to_string(::getpid()))).string();
         std::filesystem::create_directories(directory);
         cache.attach_host_tier(1);
-        cache.attach_disk_tier(directory, prompt_pages);
+        cache.attach_disk_tier(directory, prompt_pages, read_threads);
     } else {
         cache.attach_host_tier(prompt_pages);
     }
@@ -100,7 +103,8 @@ void measure_tier(const options& opts, report& out, bool disk, int context) {
               {"pages", prompt_pages},
               {"bytes", bytes},
               {"heads", "32q/8kv/d128"},
-              {"rounds", int(back_seconds.size())}},
+              {"rounds", int(back_seconds.size())},
+              {"read_threads", disk ? read_threads : 0}},
              metrics});
     if (disk) {
         cache.clear_prefix_cache();
@@ -113,8 +117,10 @@ void measure_tier(const options& opts, report& out, bool disk, int context) {
 
 void run_prefix_tiers(const options& opts, report& out) {
     const int context = opts.quick ? 256 : 4096;
-    measure_tier(opts, out, false, context);
-    measure_tier(opts, out, true, context);
+    const int threads = opts.threads > 0 ? opts.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    measure_tier(opts, out, false, context, 0);
+    measure_tier(opts, out, true, context, 1);
+    if (threads > 1) measure_tier(opts, out, true, context, threads);
 }
 
 }  // namespace kvcache::bench

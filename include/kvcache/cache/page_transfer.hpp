@@ -100,10 +100,17 @@ inline constexpr char page_export_magic[8] = {'K', 'V', 'P', 'A', 'G', 'E', 'S',
 /// about 0.7 GB/s; still read).
 inline constexpr std::uint32_t page_export_version = 3;
 
+/// The hash an export of `version` states its checksums in: the cache
+/// files' FNV-1a (their version 1) up to export version 2, then their
+/// striped hash (their version 2).
+inline file_checksum export_checksum(std::uint32_t version = page_export_version) noexcept {
+    return file_checksum(version <= 2 ? 1 : 2);
+}
+
 /// A carried page's checksum as an export of `version` states it.
 template <class Element>
 std::uint64_t page_checksum(const Element* rows, std::size_t elements, std::uint32_t version = page_export_version) {
-    file_checksum hash(version <= 2 ? 1 : 2);  // the cache files' FNV-1a, then their striped hash
+    file_checksum hash = export_checksum(version);
     hash.update(rows, elements * sizeof(Element));
     return hash.value();
 }
@@ -527,7 +534,7 @@ std::vector<unsigned char> to_bytes(const page_export<Element>& e) {
         put(k.data(), k.size() * sizeof(std::int32_t));
     }
     put(e.payload.data(), e.payload_bytes());
-    detail::striped_hash frame;
+    detail::file_checksum frame = detail::export_checksum();
     frame.update(out.data(), out.size());
     put_value(frame.value());
     return out;
@@ -550,7 +557,7 @@ page_export<Element> page_export_from_bytes(span<const unsigned char> bytes) {
             version, " is not one this build reads (2 or ", detail::page_export_version, ")");
     std::uint64_t stored = 0;
     std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-    detail::file_checksum frame(version <= 2 ? 1 : 2);
+    detail::file_checksum frame = detail::export_checksum(version);
     frame.update(bytes.data(), bytes.size() - 8);
     require(frame.value() == stored, error_code::format_error, "the page export's ", bytes.size(),
             " bytes are damaged (checksum mismatch)");

@@ -515,6 +515,23 @@ std::size_t position_row_elements(const head_shape& heads) noexcept {
     return std::size_t(heads.kv_heads) * row_elements<Side>(heads.head_dim);
 }
 
+/// Empty records of `sequences` sequences whose arrays are sized for
+/// `totals`, ready for read_records to fill.
+/// @tparam Element stored element type, or a kv_elements pair
+template <class Element>
+file_records<Element> sized_records(std::uint32_t sequences, const record_totals& totals, const file_header& header) {
+    file_records<Element> out;
+    out.counts_.resize(sequences);
+    out.positions_.resize(totals.positions);
+    out.tokens_.resize(totals.tokens);
+    out.key_rows_.resize(totals.key_rows);
+    out.value_rows_.resize(totals.value_rows);
+    out.key_row_ = position_row_elements<key_element_t<Element>>(header.heads);
+    out.value_row_ = position_row_elements<value_element_t<Element>>(header.heads);
+    out.layers_ = header.layers;
+    return out;
+}
+
 /// read_file on a stream that can seek back to `start`, `size` bytes long.
 /// @tparam Element stored element type, or a kv_elements pair
 template <class Element>
@@ -538,15 +555,7 @@ file_records<Element> read_sized_file(std::istream& in, std::istream::pos_type s
 
     // Second pass: into arrays sized exactly by the first, so a load holds
     // no more than the file's bytes.
-    file_records<Element> out;
-    out.counts_.resize(sequences);
-    out.positions_.resize(totals.positions);
-    out.tokens_.resize(totals.tokens);
-    out.key_rows_.resize(totals.key_rows);
-    out.value_rows_.resize(totals.value_rows);
-    out.key_row_ = key_row;
-    out.value_row_ = value_row;
-    out.layers_ = expected.layers;
+    file_records<Element> out = sized_records<Element>(sequences, totals, expected);
     out.file_bytes_ = first.offset();
     in.clear();
     in.seekg(start);

@@ -97,8 +97,9 @@ public:
             if (!accumulators_in_nibble_order_) reorder_rows(accumulators(), /*to_nibble_order=*/true);
             accumulators_in_nibble_order_ = true;
         }
+        // One row (MHA) is scored in float (see fold): no codes to take.
         if constexpr (int8_key_dots_v<typename tile::key_type, Dim>)
-            if (!query_codes_current_) quantise_queries();
+            if (rows_ > 1 && !query_codes_current_) quantise_queries();
         walk(view, sequence, kv_head, begin, end, soft_cap, record, links);
     }
 

@@ -75,13 +75,16 @@ public:
         throw usage_error(name + " '" + v + "' is not one of contiguous, paged, sliding_window");
     }
 
+    /// The element kinds a usage error lists (kvcache::parse_element_kind's names).
+    static constexpr const char* element_names = "fp32, fp16, bf16, fp8 (e4m3), e4m3, e5m2, int8, int4";
+
     /// fp32 | fp16 | bf16 | fp8 | e4m3 | e5m2 | int8 | int4 (kvcache::parse_element_kind's names).
     element_kind element(const std::string& name, element_kind fallback) const {
         if (!has(name)) return fallback;
         const std::string& v = values_.at(name);
         element_kind kind{};
         if (parse_element_kind(v.c_str(), kind)) return kind;
-        throw usage_error(name + " '" + v + "' is not one of fp32, fp16, bf16, fp8 (e4m3), e4m3, e5m2, int8, int4");
+        throw usage_error(name + " '" + v + "' is not one of " + element_names);
     }
 
     /// The kinds of a cache's keys and values: `name` (one kind for both, or
@@ -94,8 +97,8 @@ public:
         if (has(name)) {
             const std::string& v = values_.at(name);
             if (!parse_kv_kinds(v, kinds))
-                throw usage_error(name + " '" + v + "' is not one of fp32, fp16, bf16, fp8 (e4m3), e4m3, e5m2, int8, "
-                                  "int4, or KEY+VALUE of two of them (e.g. int8+int4)");
+                throw usage_error(name + " '" + v + "' is not one of " + element_names +
+                                  ", or KEY+VALUE of two of them (e.g. int8+int4)");
         }
         kinds.key = element(key_name, kinds.key);
         kinds.value = element(value_name, kinds.value);

@@ -75,6 +75,10 @@ options:
                    on a pool large enough for all conversations.
   --host-pages N   disk-tier mode: pages of the host tier (default: room for
                    one conversation)
+  --disk-read-threads N
+                   disk-tier mode: threads a returning turn reads its page
+                   files on (default 0: the machine's hardware threads, at
+                   most 8)
   --help           this text
 )";
 
@@ -319,7 +323,7 @@ struct tier_times {
 /// Every reply is compared with the same turn on a pool that holds every
 /// conversation, and each turn's time to first token with recomputing it.
 int run_tier_mode(ex::llama_model& model, const ex::model_config& config, int conversations, int pool_pages,
-                  int host_pages, const std::string& directory, int turns, int system_tokens,
+                  int host_pages, const std::string& directory, int read_threads, int turns, int system_tokens,
                   const std::vector<int>& user, int reply_tokens, int page_size, int layers, int seed, int threads) {
     const long longest = system_tokens + static_cast<long>(turns) * (user[1] + reply_tokens);
     const int pages_each = static_cast<int>(longest / page_size + 2);
@@ -331,7 +335,7 @@ int run_tier_mode(ex::llama_model& model, const ex::model_config& config, int co
     chat_cache tiered(layers, pool_pages, page_size, /*prefix_caching=*/true);
     tiered.attach_host_tier(host_pages);
     try {
-        tiered.attach_disk_tier(directory, conversations * pages_each);
+        tiered.attach_disk_tier(directory, conversations * pages_each, read_threads);
     } catch (const kvcache::error& e) {
         if (e.code() != kvcache::error_code::io_error) throw;
         throw ex::usage_error("--disk-tier '" + directory + "' is not a writable directory (it must exist)");
@@ -342,9 +346,9 @@ int run_tier_mode(ex::llama_model& model, const ex::model_config& config, int co
 
     std::printf("model: Llama-architecture decoder, %s, random weights (seed %d)\n", config.describe().c_str(), seed);
     std::printf("cache: paged, %d pages of %d tokens (a conversation needs up to %d), host tier of %d pages, disk "
-                "tier of %d pages in %s, fp32, %d threads\n",
+                "tier of %d pages in %s (read on %d threads), fp32, %d threads\n",
                 pool_pages, page_size, pages_each, tiered.host_tier_pages(), tiered.disk_tier_pages(),
-                directory.c_str(), threads);
+                directory.c_str(), tiered.disk_read_threads(), threads);
     std::printf("conversations: %d, %d turns each in a seeded random order, system prompt %d tokens, user messages "
                 "%d..%d, replies %d\n\n",
                 conversations, turns, system_tokens, user[0], user[1], reply_tokens);
@@ -439,7 +443,7 @@ int run_tier_mode(ex::llama_model& model, const ex::model_config& config, int co
 int run(int argc, char** argv) {
     ex::arguments args(argc, argv, {"--help"},
                        {"--turns", "--system", "--user", "--reply", "--page-size", "--layers", "--threads", "--seed",
-                        "--conversations", "--pool-pages", "--disk-tier", "--host-pages"});
+                        "--conversations", "--pool-pages", "--disk-tier", "--host-pages", "--disk-read-threads"});
     if (args.has("--help")) {
         std::cout << usage;
         return 0;
@@ -464,9 +468,12 @@ int run(int argc, char** argv) {
         throw ex::usage_error("--disk-tier needs --conversations N (N >= 1): it is a mode of several conversations");
     if (args.has("--host-pages") && !args.has("--disk-tier"))
         throw ex::usage_error("--host-pages sizes the host tier of the --disk-tier mode; give --disk-tier DIR too");
+    if (args.has("--disk-read-threads") && !args.has("--disk-tier"))
+        throw ex::usage_error("--disk-read-threads is for the --disk-tier mode; give --disk-tier DIR too");
     if (args.has("--disk-tier"))
         return run_tier_mode(model, config, conversations, args.integer("--pool-pages", 0, 0, 1 << 24),
-                             args.integer("--host-pages", 0, 1, 1 << 24), args.text("--disk-tier", ""), turns,
+                             args.integer("--host-pages", 0, 1, 1 << 24), args.text("--disk-tier", ""),
+                             args.integer("--disk-read-threads", 0, 0, 256), turns,
                              system_tokens, user, reply_tokens, page_size, layers, seed, pool.size());
     if (conversations > 0)
         return run_swap_mode(model, config, conversations, args.integer("--pool-pages", 0, 0, 1 << 24), turns,

@@ -175,9 +175,10 @@ public:
     /// page_size). Pages found in the host or disk tier are copied back into
     /// the pool while it has room; the page files such a match needs are read
     /// on the disk tier's read threads at once. Copies into the pool are
-    /// issued on stream (device caches: asynchronous, from page-locked host
-    /// pages) and waited for once, before it returns. invalid_argument when
-    /// the sequence is not empty.
+    /// issued on stream (device caches: asynchronous from the host tier's
+    /// page-locked pages; a page read from its file is ordinary memory, which
+    /// CUDA stages) and waited for once, before it returns. invalid_argument
+    /// when the sequence is not empty.
     /// Pass every prompt token but the last: that one must still run through
     /// the model for its logits, so a match never covers it.
     int match_prefix(sequence_id id, const std::vector<std::int32_t>& token_ids,
@@ -779,8 +780,8 @@ private:
     /// A page read back from its file.
     using page_image = typename detail::disk_tier<Element>::page_rows;
     /// Pages read back for device memory are made head-major on the read
-    /// threads, so each plane is one asynchronous copy; a host pool takes
-    /// the file's rows and reorders them as it copies.
+    /// threads, so each plane is one copy call; a host pool takes the file's
+    /// rows and reorders them as it copies.
     static constexpr bool read_head_major = Memory::space != memory_space::host;
 
     /// Reads the page files match_prefix's walk over token_ids will ask for

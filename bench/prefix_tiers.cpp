@@ -9,11 +9,9 @@
 // just wrote: the operating system's page cache serves them, so it measures
 // the format's read and checksum, not a disk. The disk row is run with the
 // page files read on one thread and on the bench's threads.
-#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -117,10 +115,9 @@ void measure_tier(const options& opts, report& out, bool disk, int context, int 
 
 void run_prefix_tiers(const options& opts, report& out) {
     const int context = opts.quick ? 256 : 4096;
-    const int threads = opts.threads > 0 ? opts.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     measure_tier(opts, out, false, context, 0);
     measure_tier(opts, out, true, context, 1);
-    if (threads > 1) measure_tier(opts, out, true, context, threads);
+    if (opts.threads > 1) measure_tier(opts, out, true, context, opts.threads);  // main resolved 0 to the machine's
 }
 
 }  // namespace kvcache::bench

@@ -3,6 +3,7 @@
 #define avx512 avx512_base
 #define avx512_vnni avx512_vnni_base
 #define avx2_fma avx2_fma_base
+#define generic generic_base
 #include "unit_body.hpp"
 void prefill_base(const bench_view_f32& v, const std::vector<float>& q, const std::vector<int>& o, std::vector<float>& out) { run(v, q, o, out); }
 void prefill_base(const bench_view_f16& v, const std::vector<float>& q, const std::vector<int>& o, std::vector<float>& out) { run(v, q, o, out); }

@@ -95,7 +95,7 @@ inline void exp_shifted_rows(float* x, int count, std::size_t stride, const floa
         float* row = x + std::size_t(t) * stride;
         for (std::size_t r = 0; r < stride; ++r) row[r] -= base[r];
     }
-    exp_non_positive(x, int(std::size_t(count) * stride));
+    exp_rows(x, int(std::size_t(count) * stride));
     std::fill(sums, sums + stride, 0.0f);
     for (int t = 0; t < count; ++t) {
         const float* row = x + std::size_t(t) * stride;

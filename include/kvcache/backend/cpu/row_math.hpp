@@ -147,9 +147,9 @@ inline float lane_sum(const float* x, int n) noexcept {
 
 /// x[i] = exp(x[i]) for x[i] <= 0 (0 for -inf and below -87, where expf
 /// itself is a denormal that no softmax weight next to exp(0) = 1 notices).
-/// A branch-free Cephes-style polynomial, within 2 ulp of expf. g++ leaves
-/// this loop scalar all the same: the kernels take its vector form,
-/// vector_exp.hpp, and this one where there are no vector extensions.
+/// A Cephes-style polynomial, within 2 ulp of expf. g++ leaves this loop
+/// scalar: the kernels take its vector forms, vector_exp.hpp, and this one
+/// only for a short tail or where the compiler has no generic vectors.
 inline void exp_non_positive(float* x, int n) noexcept {
     constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
     std::uint32_t magic_bits;

@@ -9,6 +9,8 @@
 #include "kvcache/backend/cpu/isa.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"
 
+#include <cstdint>
+
 #if KVCACHE_CPU_AVX2_FMA
 #include <immintrin.h>
 #endif
@@ -76,12 +78,55 @@ inline exp_register exp_vector(exp_register input) noexcept {
 #else
 /// Floats exp_rows handles at a time in the portable build.
 inline constexpr int exp_lanes = 8;
+#if defined(__GNUC__)
+// The portable build: GCC's (and Clang's) generic vectors of 16 bytes, which
+// every vector target has (SSE2 on any x86-64, NEON on AArch64; g++ 12 splits
+// compares of wider ones on SSE2 into scalar code). g++ leaves
+// exp_non_positive's loop scalar because under -ftrapping-math it may not
+// turn the clamps' compares into selects; on vectors the compares are masks
+// and nothing branches. Same operations in the same order: the same floats.
+typedef float portable_floats __attribute__((vector_size(16)));
+typedef std::int32_t portable_ints __attribute__((vector_size(16)));
+/// The same vector read from or written to floats at any alignment (a copy
+/// through memcpy can cost g++ more than the exp).
+typedef float unaligned_floats __attribute__((vector_size(16), aligned(4), may_alias));
+
+/// x[0..4) = exp(x[0..4)) for x <= 0: exp_non_positive's operations in its
+/// order (0 below -87 and for -inf, NaN for NaN).
+inline void exp_four(float* x) noexcept {
+    const portable_floats input = *reinterpret_cast<const unaligned_floats*>(x);
+    constexpr float magic = 12582912.0f;              // 1.5 * 2^23: adding it rounds to an integer
+    constexpr std::int32_t exponent_shift = 0x4b400000 - 127;  // magic's bits less the exponent bias
+    const portable_floats lowest = portable_floats{} - 87.0f, zero = portable_floats{};
+    // Selects by mask bits; a NaN compares false both ways, so it passes the clamp.
+    const portable_ints below = input < lowest, above = input > zero;
+    const portable_ints kept = (portable_ints)input & ~(below | above);
+    const portable_floats clamped = (portable_floats)(kept | ((portable_ints)lowest & below));
+    const portable_floats rounded = clamped * 1.44269504088896341f + magic;
+    const portable_floats k = rounded - magic;
+    portable_floats r = clamped - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    portable_floats p = zero + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const portable_floats y = (p * (r * r) + r) + 1.0f;
+    const portable_ints scale_bits = ((portable_ints)rounded - exponent_shift) << 23;  // 2^k, k in [-126, 0]
+    *reinterpret_cast<unaligned_floats*>(x) = (portable_floats)((portable_ints)(y * (portable_floats)scale_bits) & ~below);
+}
+#endif
 #endif
 
 /// x[i] = exp(x[i]) for x[i] <= 0 and n a multiple of exp_lanes.
 inline void exp_rows(float* x, int n) noexcept {
 #if KVCACHE_CPU_AVX2_FMA
     for (int i = 0; i < n; i += exp_lanes) KVCACHE_EXP_OP(storeu_ps)(x + i, exp_vector(KVCACHE_EXP_OP(loadu_ps)(x + i)));
+#elif defined(__GNUC__)
+    int i = 0;
+    for (; i + 4 <= n; i += 4) exp_four(x + i);
+    exp_non_positive(x + i, n - i);
 #else
     exp_non_positive(x, n);
 #endif

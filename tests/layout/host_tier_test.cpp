@@ -1004,18 +1004,25 @@ TEST_CASE("page files read ahead of the match count only where the match used th
     }
 }
 
+namespace {
+/// The header of a float paged cache's page files (pages of `page` tokens).
+kvcache::detail::file_header page_file_header(int kv, int dim, int tier_layers) {
+    kvcache::detail::file_header header;
+    header.layout = kvcache::layout_kind::paged;
+    header.element = kvcache::kinds_of<float>();
+    header.heads = {2 * kv, kv, dim};
+    header.layers = tier_layers;
+    header.parameters[0] = page;
+    return header;
+}
+}  // namespace
+
 TEST_CASE("a page file reads back as the file holds it, or head-major as a device pool's page holds it") {
     // A device pool takes page files head-major from its read threads (one
     // copy a plane); a host pool reorders as it copies. Both orders, here
     // where no GPU is needed.
     constexpr int kv = 2, dim = 3, tier_layers = 2;
-    kvcache::detail::file_header header;
-    header.layout = kvcache::layout_kind::paged;
-    header.element = kvcache::kinds_of<float>();
-    header.heads = {4, kv, dim};
-    header.layers = tier_layers;
-    header.parameters[0] = page;
-    kvcache::detail::disk_tier<float> disk(fresh_directory("head_major"), 2, header);
+    kvcache::detail::disk_tier<float> disk(fresh_directory("head_major"), 2, page_file_header(kv, dim, tier_layers));
     const std::vector<std::int32_t> tokens = tokens_from(70, page);
     const std::uint64_t hash = kvcache::detail::chain_hash(kvcache::detail::root_hash, tokens.data(), page);
     const std::size_t plane = std::size_t(page) * kv * dim;
@@ -1052,4 +1059,129 @@ TEST_CASE("a page file reads back as the file holds it, or head-major as a devic
     disk.note_read(hash, true, head_major->file_bytes);
     CHECK(disk.counters().loaded == 1);
     CHECK(disk.counters().bytes_read == head_major->file_bytes);
+}
+
+TEST_CASE("inside a write batch page files wait, then are written on threads and indexed in the order stored") {
+    constexpr int kv = 1, dim = 2, tier_layers = 1;
+    using tier = kvcache::detail::disk_tier<float>;
+    const std::size_t plane = std::size_t(page) * kv * dim;
+    // Page p: tokens from 10 * p, rows p + i / 100.
+    const auto tokens_of = [](int p) { return tokens_from(10 * p, page); };
+    const auto hash_of = [&](int p) {
+        const auto tokens = tokens_of(p);
+        return kvcache::detail::chain_hash(kvcache::detail::root_hash, tokens.data(), page);
+    };
+    const auto store = [&](tier& disk, int p) {
+        tier::key_rows keys(tier_layers, std::vector<float>(plane));
+        tier::value_rows values(tier_layers, std::vector<float>(plane));
+        for (std::size_t i = 0; i < plane; ++i) {
+            keys[0][i] = float(p) + float(i) / 100;
+            values[0][i] = -keys[0][i];
+        }
+        disk.store(hash_of(p), kvcache::detail::root_hash, tokens_of(p), std::move(keys), std::move(values));
+    };
+    const auto reads_back = [&](const tier& disk, int p) {
+        const auto tokens = tokens_of(p);
+        const auto image = disk.read(hash_of(p), kvcache::detail::root_hash, tokens.data(), page, false);
+        if (!image) return false;
+        for (std::size_t i = 0; i < plane; ++i)
+            if (image->keys[i] != float(p) + float(i) / 100 || image->values[i] != -image->keys[i]) return false;
+        return true;
+    };
+    for (const int threads : {1, 3}) {
+        INFO(threads << " threads");
+        {  // a full tier keeps the pages stored last, as one store after another would
+            const std::string directory = fresh_directory("batch");
+            tier disk(directory, 3, page_file_header(kv, dim, tier_layers));
+            {
+                const tier::write_batch batch(disk, threads);
+                for (int p = 0; p < 5; ++p) store(disk, p);
+                store(disk, 4);  // waiting already: one page
+                {
+                    const tier::write_batch inner(disk, 1);  // nested: its end writes nothing
+                    store(disk, 5);
+                }
+                CHECK(files_in(directory) == 0);
+                CHECK(disk.count() == 0);
+                CHECK(disk.counters().stored == 0);
+                CHECK(!reads_back(disk, 0));
+            }
+            CHECK(disk.counters().stored == 6);
+            CHECK(disk.counters().write_failures == 0);
+            CHECK(disk.count() == 3);
+            CHECK(files_in(directory) == 3);
+            for (int p = 0; p < 6; ++p) {
+                INFO("page " << p);
+                CHECK(reads_back(disk, p) == (p >= 3));
+                CHECK(std::filesystem::exists(page_file(directory, tokens_of(p), 0)) == (p >= 3));
+            }
+        }
+        {  // a batch writes what waits once max_pending_pages do
+            const std::string directory = fresh_directory("batch_bound");
+            constexpr int bound = static_cast<int>(tier::max_pending_pages);
+            tier disk(directory, bound + 8, page_file_header(kv, dim, tier_layers));
+            {
+                const tier::write_batch batch(disk, threads);
+                for (int p = 0; p < bound - 1; ++p) store(disk, p);
+                CHECK(files_in(directory) == 0);
+                store(disk, bound - 1);
+                CHECK(files_in(directory) == bound);
+                CHECK(disk.count() == bound);
+                store(disk, bound);
+                CHECK(disk.count() == bound);
+            }
+            CHECK(disk.count() == bound + 1);
+            for (int p = 0; p <= bound; ++p) CHECK(reads_back(disk, p));
+        }
+        {  // a full tier writes each new page over the file of the page it evicts
+            const std::string directory = fresh_directory("batch_reuse"), links = fresh_directory("batch_reuse_links");
+            tier disk(directory, 2, page_file_header(kv, dim, tier_layers));
+            const auto bytes_of = [](const std::filesystem::path& path) {
+                std::ifstream in(path, std::ios::binary);
+                return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+            };
+            // A second name for a file shows whether it was written in place.
+            const auto link = [&](int p) {
+                const auto name = std::filesystem::path(links) / std::to_string(p);
+                std::filesystem::create_hard_link(page_file(directory, tokens_of(p), 0), name);
+                return name;
+            };
+            store(disk, 0);
+            store(disk, 1);
+            const auto first = link(0);
+            store(disk, 2);  // evicts page 0
+            CHECK(bytes_of(first) == bytes_of(page_file(directory, tokens_of(2), 0)));
+            const auto second = link(1), third = link(2);
+            {
+                const tier::write_batch batch(disk, threads);
+                store(disk, 3);  // evicts page 1
+                store(disk, 4);  // evicts page 2
+            }
+            CHECK(files_in(directory) == 2);
+            for (int p = 0; p < 5; ++p) CHECK(reads_back(disk, p) == (p >= 3));
+            std::vector<std::string> reused{bytes_of(second), bytes_of(third)}, stored{
+                bytes_of(page_file(directory, tokens_of(3), 0)), bytes_of(page_file(directory, tokens_of(4), 0))};
+            std::sort(reused.begin(), reused.end());
+            std::sort(stored.begin(), stored.end());
+            CHECK(reused == stored);
+            CHECK(disk.counters().stored == 5);
+        }
+        {  // a page whose file cannot be written is counted and the others are kept
+            const std::string directory = fresh_directory("batch_failure");
+            tier disk(directory, 8, page_file_header(kv, dim, tier_layers));
+            const auto blocker = page_file(directory, tokens_of(1), 0).string() + ".partial";
+            std::filesystem::create_directory(blocker);
+            {
+                const tier::write_batch batch(disk, threads);
+                for (int p = 0; p < 3; ++p) store(disk, p);
+            }
+            CHECK(disk.counters().write_failures == 1);
+            CHECK(disk.counters().stored == 2);
+            CHECK(disk.count() == 2);
+            CHECK(reads_back(disk, 0));
+            CHECK(!reads_back(disk, 1));
+            CHECK(reads_back(disk, 2));
+            std::filesystem::remove(blocker);
+        }
+    }
 }

@@ -14,11 +14,13 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "kvcache/cache/parallel_reads.hpp"
 #include "kvcache/cache/row_transfer.hpp"
 #include "kvcache/cache/serialization.hpp"
 #include "kvcache/core/error.hpp"
@@ -67,6 +69,8 @@ public:
             header_ = other.header_;
             index_ = std::move(other.index_);
             lru_ = std::move(other.lru_);
+            pending_ = std::move(other.pending_);
+            other.pending_.clear();
             clock_ = other.clock_;
             counters_ = other.counters_;
             other.index_.clear();
@@ -93,44 +97,42 @@ public:
                found->second.tokens == std::vector<std::int32_t>(tokens, tokens + count);
     }
 
-    /// Writes one page (evicting the least recently used file when full).
-    /// A failed write keeps nothing of the new page (a later miss) and evicts
-    /// nothing: the least recently used file goes only once the new one is in place.
+    /// Writes one page; when full, the least recently used page makes room
+    /// and its file is written over (write_page_file). A failed write keeps
+    /// nothing of the new page (a later miss) and evicts nothing, unless it
+    /// failed after taking the evicted page's file. Inside a write_batch the
+    /// page waits in memory and is written with the batch's others, on its
+    /// threads, when the batch ends (or max_pending_pages are waiting); until
+    /// then contains() and read() do not see it.
     void store(std::uint64_t hash, std::uint64_t parent, const std::vector<std::int32_t>& tokens, key_rows keys,
                value_rows values) {
-        if (capacity_ == 0 || index_.count(hash)) return;
-        sequence_record<Element> record;
-        record.length = static_cast<int>(tokens.size());
-        for (int p = 0; p < record.length; ++p) record.positions.push_back(p);
-        record.tokens = tokens;
-        record.keys = std::move(keys);
-        record.values = std::move(values);
-        file_header header = header_;
-        header.sequences = 1;
-        const std::string path = path_of(hash), partial = path + ".partial";
-        std::uint64_t bytes = 0;
-        try {
-            {
-                std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-                require(static_cast<bool>(out), error_code::io_error, "cannot open '", partial, "'");
-                write_file(out, header, std::vector<sequence_record<Element>>{std::move(record)});
-                bytes = static_cast<std::uint64_t>(out.tellp());
-            }
-            // A reader never sees half a file.
-            require(std::rename(partial.c_str(), path.c_str()) == 0, error_code::io_error, "cannot rename '", partial,
-                    "'");
-        } catch (...) {
-            std::remove(partial.c_str());
-            ++counters_.write_failures;
-            return;
-        }
-        if (count() == capacity_) forget(lru_.begin()->second);
-        entry e{parent, tokens, ++clock_};
-        lru_.insert({e.last_use, hash});
-        index_.emplace(hash, std::move(e));
-        ++counters_.stored;
-        counters_.bytes_written += bytes;
+        if (capacity_ == 0 || index_.count(hash) || pending(hash)) return;
+        pending_.push_back(pending_page{hash, parent, tokens, std::move(keys), std::move(values)});
+        if (batches_ == 0 || pending_.size() >= max_pending_pages) write_pending();
     }
+
+    /// Pages a write batch keeps in memory before it writes them: bounds the
+    /// memory a long bring-back's spills take.
+    static constexpr std::size_t max_pending_pages = 64;
+
+    /// While one lives, store() defers its page files and writes them in
+    /// batches on `threads` threads (a bring-back or a long append spills one
+    /// page per page it takes: written one after another, the files set the
+    /// call's time). Batches nest; the outermost one's end writes what waits.
+    class write_batch {
+    public:
+        write_batch(disk_tier& tier, int threads) noexcept : tier_(tier) {
+            if (tier_.batches_++ == 0) tier_.batch_threads_ = threads;
+        }
+        ~write_batch() {
+            if (--tier_.batches_ == 0) tier_.write_pending();
+        }
+        write_batch(const write_batch&) = delete;
+        write_batch& operator=(const write_batch&) = delete;
+
+    private:
+        disk_tier& tier_;
+    };
 
     /// One page's rows read back, every layer's after the previous one's:
     /// token-major [position][kv_head][row] as the file holds them, or
@@ -195,7 +197,144 @@ private:
         std::uint64_t parent;
         std::vector<std::int32_t> tokens;
         std::uint64_t last_use;
+        std::uint64_t bytes;  ///< of its file
     };
+    /// A page on its way to a file.
+    struct pending_page {
+        std::uint64_t hash, parent;
+        std::vector<std::int32_t> tokens;
+        key_rows keys;
+        value_rows values;
+    };
+
+    bool pending(std::uint64_t hash) const noexcept {
+        return std::any_of(pending_.begin(), pending_.end(), [&](const pending_page& p) { return p.hash == hash; });
+    }
+
+    /// How one page's write went.
+    struct write_outcome {
+        std::uint64_t bytes = 0;    ///< of the page's file; 0: not written
+        bool took_victim = false;   ///< the evicted page's file was taken (reused, or lost with a failed write)
+    };
+
+    /// Writes a page's file (its rows moved out of `page`) under a
+    /// `.partial` name and renames it into place, so a reader never sees half
+    /// a file. When the tier evicts `victim` to make room and its file has
+    /// the new file's size, the new page is written over that file, in place:
+    /// no block is freed or allocated, and no file created (creating one cost
+    /// about 15 times what overwriting one did on the ext4 file system of
+    /// docs/performance.md). Touches nothing of the tier but the files:
+    /// several threads may write at once.
+    write_outcome write_page_file(pending_page& page, const std::uint64_t* victim,
+                                  std::uint64_t victim_bytes) const noexcept {
+        write_outcome out;
+        std::string partial;
+        try {
+            const std::string path = path_of(page.hash);
+            partial = path + ".partial";
+            const std::string image = file_image(page);
+            const bool reuse = victim && victim_bytes == image.size() &&
+                               std::rename(path_of(*victim).c_str(), partial.c_str()) == 0;
+            out.took_victim = reuse;
+            {
+                std::ofstream file(partial, reuse ? std::ios::binary | std::ios::in | std::ios::out
+                                                  : std::ios::binary | std::ios::trunc);
+                require(static_cast<bool>(file), error_code::io_error, "cannot open '", partial, "'");
+                file.write(image.data(), static_cast<std::streamsize>(image.size()));
+                file.flush();
+                require(static_cast<bool>(file), error_code::io_error, "cannot write '", partial, "'");
+            }
+            require(std::rename(partial.c_str(), path.c_str()) == 0, error_code::io_error, "cannot rename '", partial,
+                    "'");
+            out.bytes = image.size();
+        } catch (...) {
+            if (!partial.empty()) std::remove(partial.c_str());
+            out.bytes = 0;
+        }
+        return out;
+    }
+
+    /// A page's file as bytes (its rows moved out of `page`).
+    std::string file_image(pending_page& page) const {
+        sequence_record<Element> record;
+        record.length = static_cast<int>(page.tokens.size());
+        for (int p = 0; p < record.length; ++p) record.positions.push_back(p);
+        record.tokens = page.tokens;
+        record.keys = std::move(page.keys);
+        record.values = std::move(page.values);
+        file_header header = header_;
+        header.sequences = 1;
+        std::ostringstream image(std::ios::binary);
+        write_file(image, header, std::vector<sequence_record<Element>>{std::move(record)});
+        return std::move(image).str();
+    }
+
+    /// Indexes a page whose file write_page_file() wrote (`bytes` > 0), the
+    /// least recently used page making room; counts a failure otherwise.
+    void note_stored(const pending_page& page, std::uint64_t bytes) noexcept {
+        if (bytes == 0) {
+            ++counters_.write_failures;
+            return;
+        }
+        try {
+            if (count() == capacity_) forget(lru_.begin()->second);
+            entry e{page.parent, page.tokens, ++clock_, bytes};
+            lru_.insert({e.last_use, page.hash});
+            try {
+                index_.emplace(page.hash, std::move(e));
+            } catch (...) {
+                lru_.erase({clock_, page.hash});
+                throw;
+            }
+        } catch (...) {  // no memory to index it: the page is lost, as if its write had failed
+            remove_file(page.hash);
+            ++counters_.write_failures;
+            return;
+        }
+        ++counters_.stored;
+        counters_.bytes_written += bytes;
+    }
+
+    /// Writes the pages waiting (one, outside a batch), on the batch's
+    /// threads, then indexes them in the order they were stored. Each page
+    /// the full tier makes room for is written over the file of the page it
+    /// evicts, the least recently used first, as one store() after another
+    /// would have evicted them. Never throws: a page that cannot be written
+    /// is counted as a failed write, and evicts nothing unless its write had
+    /// already taken the evicted page's file.
+    void write_pending() noexcept {
+        std::vector<pending_page> pages = std::move(pending_);
+        pending_.clear();
+        if (pages.empty()) return;
+        std::vector<write_outcome> outcomes;
+        std::vector<std::uint64_t> victims;  // victims[i - room]: the page page i evicts
+        std::vector<std::uint64_t> victim_bytes;
+        // Page i needs room once the pages before it have filled the tier.
+        const std::size_t room = std::size_t(capacity_ - count());
+        try {
+            outcomes.resize(pages.size());
+            auto oldest = lru_.begin();
+            for (std::size_t i = room; i < pages.size() && oldest != lru_.end(); ++i, ++oldest) {
+                victims.push_back(oldest->second);
+                victim_bytes.push_back(index_.at(oldest->second).bytes);
+            }
+            run_in_parallel(static_cast<int>(pages.size()), batch_threads_, [&](int i) {
+                const std::size_t v = std::size_t(i) - room;
+                const bool evicts = std::size_t(i) >= room && v < victims.size();
+                outcomes[std::size_t(i)] = write_page_file(pages[std::size_t(i)], evicts ? &victims[v] : nullptr,
+                                                           evicts ? victim_bytes[v] : 0);
+            });
+        } catch (...) {  // no memory to plan the writes: none was made
+            counters_.write_failures += pages.size();
+            return;
+        }
+        for (std::size_t i = 0; i < pages.size(); ++i) {
+            const write_outcome& o = outcomes[i];
+            const bool evicts = i >= room && i - room < victims.size();
+            if (evicts && (o.bytes > 0 || o.took_victim)) forget(victims[i - room], /*delete_file=*/!o.took_victim);
+            note_stored(pages[i], o.bytes);
+        }
+    }
 
     /// One pass over a page file: its sizes are known before it is opened, so
     /// the rows are read straight into arrays of those sizes and the checksum
@@ -252,13 +391,18 @@ private:
         e.last_use = ++clock_;
         lru_.insert({e.last_use, hash});
     }
+    /// Drops a page from the index, and its file unless its write took it.
     /// Never throws: when naming the file fails for want of memory, the file
     /// stays behind, unindexed (a later store of that page replaces it).
-    void forget(std::uint64_t hash) noexcept {
+    void forget(std::uint64_t hash, bool delete_file = true) noexcept {
         auto found = index_.find(hash);
         if (found == index_.end()) return;
         lru_.erase({found->second.last_use, hash});
         index_.erase(found);
+        if (delete_file) remove_file(hash);
+    }
+    /// Deletes a page's file; when naming it fails for want of memory, the file stays.
+    void remove_file(std::uint64_t hash) const noexcept {
         try {
             std::remove(path_of(hash).c_str());
         } catch (...) {
@@ -267,6 +411,7 @@ private:
     void clear() noexcept {
         while (!index_.empty()) forget(index_.begin()->first);
         lru_.clear();
+        pending_.clear();
     }
 
     std::string directory_;
@@ -276,6 +421,9 @@ private:
     std::set<std::pair<std::uint64_t, std::uint64_t>> lru_;  // (last use, hash)
     std::uint64_t clock_ = 0;
     disk_tier_counters counters_;
+    std::vector<pending_page> pending_;  // stored inside a write_batch, not yet written
+    int batches_ = 0;                    // write_batch objects alive
+    int batch_threads_ = 1;              // the outermost batch's threads
 };
 
 }  // namespace detail

@@ -236,6 +236,7 @@ public:
         }
         std::size_t kept = chain.size();
         bool copied = false;
+        const disk_write_batch batch(disk_, disk_read_threads_);  // each page back may push one out to a file
         for (std::size_t k = 0; k < chain.size(); ++k) {  // spilled pages come back while the pool has room
             hit& h = chain[k];
             if (h.page >= 0) continue;
@@ -450,8 +451,10 @@ public:
     /// pages the host tier evicts are written to files in `directory` (which
     /// must exist), one cache file per page, and match_prefix reads them
     /// back, on up to read_threads threads at once (0: the machine's hardware
-    /// threads, at most 8). A file that is missing, damaged or holds other
-    /// tokens is a miss. The files are deleted with the tier.
+    /// threads, at most 8). A call that may spill many pages (match_prefix,
+    /// append, swap_out, swap_in, load) writes their files together on the
+    /// same threads before it returns. A file that is missing, damaged or
+    /// holds other tokens is a miss. The files are deleted with the tier.
     /// invalid_argument without a host tier or for a negative count;
     /// io_error when the directory is missing or not writable.
     void attach_disk_tier(const std::string& directory, int pages, int read_threads = 0) {
@@ -464,7 +467,7 @@ public:
         disk_read_threads_ =
             read_threads > 0 ? read_threads : std::clamp(int(std::thread::hardware_concurrency()), 1, 8);
     }
-    /// Threads match_prefix reads page files on.
+    /// Threads the disk tier reads page files on, and writes batches of them on.
     int disk_read_threads() const noexcept { return disk_read_threads_; }
     /// Pages of the disk tier (0: none).
     int disk_tier_pages() const noexcept { return disk_.size(); }
@@ -496,6 +499,7 @@ public:
                 needed, " host-tier pages; ", tier_.available(), " of ", tier_.size(),
                 " are free or hold spilled prefix pages");
         publish_pages(s, s.length);
+        const disk_write_batch batch(disk_, disk_read_threads_);
         std::vector<int> host_pages;
         host_pages.reserve(s.pages.size());
         for (int page : s.pages) {
@@ -537,6 +541,7 @@ public:
         require(needed <= pool_.available() - kept_evictable, error_code::capacity_exceeded, "swapping in sequence ",
                 id, " needs ", needed, " pages; the pool of ", pool_.size(), " has ", pool_.free_count(),
                 " free and ", pool_.evictable_count() - kept_evictable, " evictable");
+        const disk_write_batch batch(disk_, disk_read_threads_);
         std::vector<int> pages(s.host_pages.size(), -1);
         for (std::size_t i = 0; i < pages.size(); ++i) {  // the twins first, so no allocation evicts one
             const int twin = live_primary_twin(s.host_pages[i]);
@@ -779,6 +784,9 @@ private:
 
     /// A page read back from its file.
     using page_image = typename detail::disk_tier<Element>::page_rows;
+    /// Holds the disk tier's page writes back for a call that may spill many
+    /// pages, and writes them on the tier's threads when the call ends.
+    using disk_write_batch = typename detail::disk_tier<Element>::write_batch;
     /// Pages read back for device memory are made head-major on the read
     /// threads, so each plane is one copy call; a host pool takes the file's
     /// rows and reorders them as it copies.
@@ -1044,6 +1052,7 @@ private:
             if (pool_.shared(s.pages[i])) make_private(s, static_cast<int>(i), stream);
             tier_.unlink_primary(s.pages[i]);  // new rows land in it
         }
+        const disk_write_batch batch(disk_, disk_read_threads_);
         for (int i = 0; i < needed; ++i) s.pages.push_back(allocate_page(stream));
         if (static_cast<int>(s.tokens.size()) == old) s.tokens.insert(s.tokens.end(), tokens, tokens + token_count);
         s.length = old + n;
@@ -1109,6 +1118,7 @@ private:
                 pool_.evictable_count(), " evictable");
         std::vector<sequence_id> ids;
         ids.reserve(records.size());
+        const disk_write_batch batch(disk_, disk_read_threads_);
         for (const auto& r : records) {
             const sequence_id id = add_sequence();
             ids.push_back(id);

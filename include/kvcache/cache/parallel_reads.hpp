@@ -1,5 +1,5 @@
-// Independent reads (page files of the disk tier) spread over a few threads
-// started for one call. The cache owners sit below the backends, so they
+// Independent reads and writes (page files of the disk tier) spread over a
+// few threads started for one call. The cache owners sit below the backends, so they
 // cannot borrow the CPU backend's pool; a disk read is mostly system calls,
 // page faults and a checksum, which threads of their own overlap well.
 #pragma once

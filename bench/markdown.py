@@ -134,14 +134,18 @@ def main():
     rows = []
     for r in of("prefix_tiers"):
         p, m = r["params"], r["metrics"]
-        tier = p["tier"] + (f' ({p["read_threads"]} read threads)' if p.get("read_threads", 0) > 0 else "")
+        tier = p["tier"] + (f' ({p["read_threads"]} threads)' if p.get("read_threads", 0) > 0 else "")
+        spill = spread(m, "spill_ms") if "spill_ms" in m else ""
+        spill_rate = f'{m["spill_fraction_of_copy"]:.2f} ({m["spill_fraction_min"]:.2f} .. {m["spill_fraction_max"]:.2f})' \
+            if "spill_ms" in m else ""
         rows.append([tier, p["element"], str(p["context"]), str(p["layers"]), str(p["bytes"]),
                      spread(m, "bring_back_ms"), spread(m, "copy_ms"),
-                     f'{m["bring_back_fraction_of_copy"]:.2f} ({m["fraction_min"]:.2f} .. {m["fraction_max"]:.2f})'])
+                     f'{m["bring_back_fraction_of_copy"]:.2f} ({m["fraction_min"]:.2f} .. {m["fraction_max"]:.2f})',
+                     spill, spill_rate])
     if rows:
         print("### prefix_tiers\n")
         print(table(["tier", "element", "context", "layers", "bytes", "match_prefix ms", "memcpy ms",
-                     "bring-back / memcpy rate (per-round min .. max)"], rows))
+                     "bring-back / memcpy rate (per-round min .. max)", "spill ms", "spill / memcpy rate"], rows))
 
     rows = []
     for r in of("element_types"):

@@ -1,14 +1,17 @@
-// prefix_tiers: what bringing a cached prefix back from the host tier or the
-// disk tier costs, against the streaming copy of the same bytes. A prompt's
-// pages are cached in a paged fp16 cache (32q/8kv/d128, pages of 16 tokens,
-// 4 layers), then another sequence without token ids takes the whole pool, so
-// the prompt's pages spill to the host tier (and, with a host tier of one
-// page, on to page files). Each round times match_prefix of the prompt on a
-// new sequence, which copies every page back into the pool, and a memcpy of
-// as many bytes between two host buffers. The disk row reads files the tier
-// just wrote: the operating system's page cache serves them, so it measures
-// the format's read and checksum, not a disk. The disk row is run with the
-// page files read on one thread and on the bench's threads.
+// prefix_tiers: what spilling a cached prefix to the host tier or the disk
+// tier and bringing it back costs, against the streaming copy of the same
+// bytes. Each round caches a new prompt's pages in a paged fp16 cache
+// (32q/8kv/d128, pages of 16 tokens, 4 layers); then another sequence without
+// token ids takes the whole pool, and the time its begin_append takes is the
+// spill: every prompt page goes to the host tier (and, with a host tier of one
+// page, on to page files, the tier full of the previous round's, so each new
+// file takes an evicted one's place). Then match_prefix of the prompt on a new
+// sequence copies every page back into the pool, and a memcpy of as many bytes
+// between two host buffers is timed. The disk row reads files the tier just
+// wrote: the operating system's page cache serves them, so it measures the
+// format's read and checksum, not a disk (and the writes, what the file
+// system does to create or reuse a file). The disk row is run with the page
+// files read and written on one thread and on the bench's threads.
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -48,21 +51,24 @@ void measure_tier(const options& opts, report& out, bool disk, int context, int 
         cache.attach_host_tier(prompt_pages);
     }
     std::vector<std::int32_t> prompt(static_cast<std::size_t>(context));
-    for (int i = 0; i < context; ++i) prompt[std::size_t(i)] = 1000 + i;
-    {
-        const sequence_id a = cache.add_sequence();
-        write_rows(cache, a, cache.begin_append(a, context, prompt), context);
-        cache.remove_sequence(a);  // its pages stay cached in the pool
-    }
     const std::size_t bytes = std::size_t(prompt_pages) * cache.page_bytes();
     host_buffer<unsigned char> from(bytes), to(bytes);
     std::memset(from.data(), 1, bytes);
 
-    std::vector<double> back_seconds, copy_seconds, fraction;
+    std::vector<double> back_seconds, spill_seconds, copy_seconds, fraction, spill_fraction;
+    int generation = 0;
     const auto round = [&] {
-        // Untimed: a sequence with no token ids takes the pool, pushing the prompt down the tiers.
+        // Untimed: a new prompt, cached in the pool.
+        for (int i = 0; i < context; ++i) prompt[std::size_t(i)] = 1000 + (generation % 1000) * context + i;
+        ++generation;
+        const sequence_id a = cache.add_sequence();
+        write_rows(cache, a, cache.begin_append(a, context, prompt), context);
+        cache.remove_sequence(a);  // its pages stay cached in the pool
+        // A sequence with no token ids takes the pool, pushing the prompt down the tiers.
         const sequence_id filler = cache.add_sequence();
-        write_rows(cache, filler, cache.begin_append(filler, context), context);
+        int first = 0;
+        spill_seconds.push_back(seconds_of([&] { first = cache.begin_append(filler, context); }));
+        write_rows(cache, filler, first, context);
         cache.remove_sequence(filler);
         const sequence_id returning = cache.add_sequence();
         int matched = 0;
@@ -72,9 +78,10 @@ void measure_tier(const options& opts, report& out, bool disk, int context, int 
         cache.remove_sequence(returning);
         copy_seconds.push_back(seconds_of([&] { std::memcpy(to.data(), from.data(), bytes); }));
         fraction.push_back(copy_seconds.back() / back_seconds.back());
+        spill_fraction.push_back(copy_seconds.back() / spill_seconds.back());
     };
     for (int i = 0; i < opts.warmup(); ++i) round();
-    back_seconds.clear(), copy_seconds.clear(), fraction.clear();
+    back_seconds.clear(), spill_seconds.clear(), copy_seconds.clear(), fraction.clear(), spill_fraction.clear();
     double total = 0;
     while (int(back_seconds.size()) < opts.repeats() || (total < opts.min_seconds() && back_seconds.size() < 200)) {
         round();
@@ -82,8 +89,13 @@ void measure_tier(const options& opts, report& out, bool disk, int context, int 
     }
     const pool_statistics st = cache.statistics();
     const timing back = summarise(back_seconds), copy = summarise(copy_seconds), ratio = summarise(fraction);
+    const timing spill = summarise(spill_seconds), spill_ratio = summarise(spill_fraction);
     nlohmann::json metrics;
     add_timing(metrics, "bring_back_ms", back, 1e3);
+    add_timing(metrics, "spill_ms", spill, 1e3);
+    metrics["spill_fraction_of_copy"] = copy.median / spill.median;
+    metrics["spill_fraction_min"] = spill_ratio.min;
+    metrics["spill_fraction_max"] = spill_ratio.max;
     add_timing(metrics, "copy_ms", copy, 1e3);
     metrics["bring_back_gbytes_per_s"] = double(bytes) / back.median / 1e9;
     metrics["copy_gbytes_per_s"] = double(bytes) / copy.median / 1e9;
@@ -92,6 +104,7 @@ void measure_tier(const options& opts, report& out, bool disk, int context, int 
     metrics["fraction_max"] = ratio.max;
     metrics["host_prefix_hit_pages"] = double(st.host_prefix_hit_pages);
     metrics["disk_prefix_hit_pages"] = double(st.disk_prefix_hit_pages);
+    metrics["pages_written_to_disk"] = double(st.pages_written_to_disk);
     out.add({"prefix_tiers",
              {{"tier", disk ? "disk" : "host"},
               {"layout", "paged"},

@@ -147,29 +147,42 @@ inline float lane_sum(const float* x, int n) noexcept {
 
 /// x[i] = exp(x[i]) for x[i] <= 0 (0 for -inf and below -87, where expf
 /// itself is a denormal that no softmax weight next to exp(0) = 1 notices).
+/// 1.5 * 2^23: adding it to a float of magnitude under 2^22 rounds it to an integer.
+inline constexpr float exp_round_magic = 12582912.0f;
+
+/// exp(clamped) for clamped in [-87, 0], less its power of two: returns
+/// exp(r) for r = clamped - k ln 2 and sets `rounded` to k + exp_round_magic,
+/// whose low mantissa bits hold k. The operations, in their order, that the
+/// scalar exp below and the portable build's vector one share.
+/// @tparam Value float, or a GCC/Clang generic vector of floats
+template <class Value>
+inline Value exp_reduced(Value clamped, Value& rounded) noexcept {
+    rounded = clamped * 1.44269504088896341f + exp_round_magic;
+    const Value k = rounded - exp_round_magic;
+    Value r = clamped - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    Value p = Value{} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    return (p * (r * r) + r) + 1.0f;
+}
+
 /// A Cephes-style polynomial, within 2 ulp of expf. g++ leaves this loop
 /// scalar: the kernels take its vector forms, vector_exp.hpp, and this one
 /// only for a short tail or where the compiler has no generic vectors.
 inline void exp_non_positive(float* x, int n) noexcept {
-    constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
     std::uint32_t magic_bits;
-    std::memcpy(&magic_bits, &magic, 4);
+    std::memcpy(&magic_bits, &exp_round_magic, 4);
     for (int i = 0; i < n; ++i) {
         const float input = x[i];
         const float clamped = input < -87.0f ? -87.0f : (input > 0.0f ? 0.0f : input);
-        const float rounded = clamped * 1.44269504088896341f + magic;
+        float rounded;
+        const float y = exp_reduced(clamped, rounded);
         std::uint32_t rounded_bits;
         std::memcpy(&rounded_bits, &rounded, 4);
-        const float k = rounded - magic;
-        float r = clamped - k * 0.693359375f;
-        r = r - k * -2.12194440e-4f;
-        float p = 1.9875691500e-4f;
-        p = p * r + 1.3981999507e-3f;
-        p = p * r + 8.3334519073e-3f;
-        p = p * r + 4.1665795894e-2f;
-        p = p * r + 1.6666665459e-1f;
-        p = p * r + 5.0000001201e-1f;
-        const float y = (p * (r * r) + r) + 1.0f;
         const std::uint32_t scale_bits = (rounded_bits - magic_bits + 127u) << 23;  // 2^k, k in [-126, 0]
         float scale;
         std::memcpy(&scale, &scale_bits, 4);

@@ -95,24 +95,14 @@ typedef float unaligned_floats __attribute__((vector_size(16), aligned(4), may_a
 /// order (0 below -87 and for -inf, NaN for NaN).
 inline void exp_four(float* x) noexcept {
     const portable_floats input = *reinterpret_cast<const unaligned_floats*>(x);
-    constexpr float magic = 12582912.0f;              // 1.5 * 2^23: adding it rounds to an integer
-    constexpr std::int32_t exponent_shift = 0x4b400000 - 127;  // magic's bits less the exponent bias
+    constexpr std::int32_t exponent_shift = 0x4b400000 - 127;  // exp_round_magic's bits less the exponent bias
     const portable_floats lowest = portable_floats{} - 87.0f, zero = portable_floats{};
     // Selects by mask bits; a NaN compares false both ways, so it passes the clamp.
     const portable_ints below = input < lowest, above = input > zero;
     const portable_ints kept = (portable_ints)input & ~(below | above);
     const portable_floats clamped = (portable_floats)(kept | ((portable_ints)lowest & below));
-    const portable_floats rounded = clamped * 1.44269504088896341f + magic;
-    const portable_floats k = rounded - magic;
-    portable_floats r = clamped - k * 0.693359375f;
-    r = r - k * -2.12194440e-4f;
-    portable_floats p = zero + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const portable_floats y = (p * (r * r) + r) + 1.0f;
+    portable_floats rounded;
+    const portable_floats y = exp_reduced(clamped, rounded);
     const portable_ints scale_bits = ((portable_ints)rounded - exponent_shift) << 23;  // 2^k, k in [-126, 0]
     *reinterpret_cast<unaligned_floats*>(x) = (portable_floats)((portable_ints)(y * (portable_floats)scale_bits) & ~below);
 }

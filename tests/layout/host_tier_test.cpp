@@ -1185,3 +1185,152 @@ TEST_CASE("inside a write batch page files wait, then are written on threads and
         }
     }
 }
+
+namespace {
+/// Host memory whose streams are numbers and whose host-tier events and
+/// waits are recorded: shows what a device cache would wait for (CUDA events
+/// and streams there) without a GPU.
+struct event_memory : kvcache::host_memory {
+    using stream_type = int;
+    /// The stream of the event's last record; -1: never recorded.
+    struct event_type {
+        int stream = -1;
+    };
+    struct call {
+        std::string what;  ///< record, wait, order, fill, device (every stream waited for), stream
+        int stream;        ///< the stream the call was on (-1: none)
+        int event_stream;  ///< for wait and order: the stream the event was last recorded on
+    };
+    static std::vector<call>& calls() {
+        static std::vector<call> recorded;
+        return recorded;
+    }
+    static int count(const std::string& what, int stream, int event_stream) {
+        return static_cast<int>(std::count_if(calls().begin(), calls().end(), [&](const call& c) {
+            return c.what == what && c.stream == stream && c.event_stream == event_stream;
+        }));
+    }
+    static int count(const std::string& what) {
+        return static_cast<int>(
+            std::count_if(calls().begin(), calls().end(), [&](const call& c) { return c.what == what; }));
+    }
+    static void record_event(event_type& event, int stream) {
+        event.stream = stream;
+        calls().push_back({"record", stream, stream});
+    }
+    static void wait_event(const event_type& event) { calls().push_back({"wait", -1, event.stream}); }
+    static void order_after(int stream, const event_type& event) { calls().push_back({"order", stream, event.stream}); }
+    static void synchronize() { calls().push_back({"device", -1, -1}); }
+    static void synchronize(int stream) { calls().push_back({"stream", stream, -1}); }
+    static void copy_to_host_async(void* destination, const void* source, std::size_t bytes, int stream) {
+        calls().push_back({"fill", stream, -1});
+        kvcache::host_memory::copy_to_host(destination, source, bytes);
+    }
+    static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, int) {
+        kvcache::host_memory::copy_from_host(destination, source, bytes);
+    }
+    static void copy_within_async(void* destination, const void* source, std::size_t bytes, int) {
+        kvcache::host_memory::copy_within(destination, source, bytes);
+    }
+};
+}  // namespace
+
+TEST_CASE("a host-tier page's reader waits for the copies that filled it, never for every stream") {
+    using event_cache = kvcache::paged_cache<float, heads, event_memory>;
+    const std::string directory = fresh_directory("events");
+    event_cache cache(layers, 3, page, true);
+    cache.attach_host_tier(2);
+    cache.attach_disk_tier(directory, 4);
+    const auto write_tokens = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int first) {
+        for (int l = 0; l < layers; ++l) {
+            const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
+            cache.write(id, l, first, keys, values, static_cast<int>(tokens.size()));
+        }
+    };
+    const auto cache_prompt = [&](const std::vector<std::int32_t>& tokens) {  // one page, left cached in the pool
+        const auto id = cache.add_sequence();
+        write_tokens(id, tokens, cache.begin_append(id, static_cast<int>(tokens.size()), tokens));
+        cache.remove_sequence(id);
+    };
+    const auto check_tokens = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+        for (int l = 0; l < layers; ++l) {
+            std::vector<float> keys(tokens.size() * row), values(keys.size());
+            cache.read(id, l, 0, static_cast<int>(tokens.size()), keys, values);
+            CHECK(keys == rows_of(tokens, 0, l, false));
+            CHECK(values == rows_of(tokens, 0, l, true));
+        }
+    };
+    auto& calls = event_memory::calls();
+    const auto first = tokens_from(100, page), second = tokens_from(200, page), third = tokens_from(300, page);
+
+    // A plan on stream 7 evicts the first prompt's page: its spill is filled
+    // on stream 7, after whatever filled that host page before, and marked.
+    cache_prompt(first);
+    calls.clear();
+    {
+        const auto filler = cache.add_sequence();
+        (void)cache.plan({filler}, {3 * page}, 7);
+        cache.remove_sequence(filler);
+    }
+    CHECK(event_memory::count("fill") == 2 * layers);
+    CHECK(event_memory::count("order", 7, -1) == 1);
+    CHECK(event_memory::count("record", 7, 7) == 1);
+    CHECK(event_memory::count("device") == 0);
+
+    // The second prompt spills without a stream (begin_append): a copy done on return.
+    cache_prompt(second);
+    {
+        const auto filler = cache.add_sequence();
+        cache.begin_append(filler, 3 * page);
+        cache.remove_sequence(filler);
+    }
+    // The third, on stream 8, takes the tier's least recently spilled page,
+    // the first prompt's: it goes to a file once stream 7's copies into it
+    // are done, and the new fill waits for them on stream 8, not on the host.
+    cache_prompt(third);
+    calls.clear();
+    {
+        const auto filler = cache.add_sequence();
+        (void)cache.plan({filler}, {3 * page}, 8);
+        cache.remove_sequence(filler);
+    }
+    CHECK(cache.statistics().pages_written_to_disk == 1);
+    CHECK(event_memory::count("wait", -1, 7) == 1);
+    CHECK(event_memory::count("order", 8, 7) == 1);
+    CHECK(event_memory::count("record", 8, 8) == 1);
+    CHECK(event_memory::count("device") == 0);
+
+    // A match on stream 9 brings the third prompt's page back from the host
+    // tier: the copy out of it is ordered after stream 8's fill, and the match
+    // waits for its own stream only. The first prompt comes back from its file.
+    calls.clear();
+    const auto again = cache.add_sequence();
+    CHECK(cache.match_prefix(again, third, 9) == page);
+    CHECK(event_memory::count("order", 9, 8) == 1);
+    CHECK(event_memory::count("stream", 9, -1) == 1);
+    CHECK(event_memory::count("device") == 0);
+    check_tokens(again, third);
+    const auto from_disk = cache.add_sequence();
+    CHECK(cache.match_prefix(from_disk, first) == page);
+    CHECK(cache.statistics().disk_prefix_hit_pages == 1);
+    check_tokens(from_disk, first);
+    cache.remove_sequence(again);
+    cache.remove_sequence(from_disk);
+
+    // A sequence swapped out on stream 5 is read from the tier after stream
+    // 5's copies into its pages, and swapped back in on stream 6 after them.
+    const auto swapped = cache.add_sequence();
+    const auto swapped_tokens = tokens_from(400, page + 1);
+    write_tokens(swapped, swapped_tokens, cache.begin_append(swapped, page + 1));
+    cache.clear_prefix_cache();  // no pool twins: both pages are copied
+    calls.clear();
+    cache.swap_out(swapped, 5);
+    CHECK(event_memory::count("record", 5, 5) == 2);
+    check_tokens(swapped, swapped_tokens);
+    CHECK(event_memory::count("wait", -1, 5) == 2 * layers);  // each layer's read waits for both pages
+    cache.swap_in(swapped, 6);
+    CHECK(event_memory::count("order", 6, 5) == 2);
+    CHECK(event_memory::count("stream", 6, -1) == 1);
+    CHECK(event_memory::count("device") == 0);
+    check_tokens(swapped, swapped_tokens);
+}

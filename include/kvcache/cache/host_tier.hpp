@@ -3,7 +3,9 @@
 // reference counts, so a page that several swapped sequences share is held
 // once; twin links: while a page's copy in the other tier is known to be
 // unchanged, swapping it back reuses that copy instead of moving the bytes;
-// and a prefix index of its own for cached pages the pool evicted (spilled).
+// a prefix index of its own for cached pages the pool evicted (spilled);
+// and, per page, an event after the copies that last filled it, so a reader
+// of one page waits for that page's copies only.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +40,7 @@ public:
     /// 0..primary_pages-1.
     host_tier(int layers, int pages, std::int64_t key_page_elements, std::int64_t value_page_elements, int primary_pages)
         : key_page_elements_(key_page_elements), value_page_elements_(value_page_elements), pool_(pages),
-          host_of_primary_(primary_pages, -1), primary_of_host_(pages, -1) {
+          host_of_primary_(primary_pages, -1), primary_of_host_(pages, -1), filled_(std::size_t(pages)) {
         const std::size_t key_elements = checked_bytes(std::size_t(pages), std::size_t(key_page_elements));
         const std::size_t value_elements = checked_bytes(std::size_t(pages), std::size_t(value_page_elements));
         for (int l = 0; l < layers; ++l) {
@@ -110,6 +112,22 @@ public:
         host_of_primary_[primary] = -1;
     }
 
+    /// Marks the end of the copies just issued on stream into host page `page`.
+    /// @tparam Stream the memory policy's stream_type
+    template <class Stream>
+    void note_filled(int page, const Stream& stream) {
+        Memory::record_event(filled_[std::size_t(page)], stream);
+    }
+    /// Waits on the host for the copies that last filled `page`: a host read of it needs them done.
+    void wait_filled(int page) const { Memory::wait_event(filled_[std::size_t(page)]); }
+    /// Makes the stream's later work (a copy out of the page, or a new fill
+    /// of it) wait for the copies that last filled `page`, on whatever stream those were.
+    /// @tparam Stream the memory policy's stream_type
+    template <class Stream>
+    void order_after_fill(int page, const Stream& stream) const {
+        Memory::order_after(stream, filled_[std::size_t(page)]);
+    }
+
     /// Key plane of a host page in one layer.
     key_type* keys(int layer, int page) { return keys_[layer].data() + page * key_page_elements_; }
     const key_type* keys(int layer, int page) const { return keys_[layer].data() + page * key_page_elements_; }
@@ -129,6 +147,7 @@ private:
     std::vector<typename Memory::template host_tier_buffer<key_type>> keys_;
     std::vector<typename Memory::template host_tier_buffer<value_type>> values_;
     std::vector<int> host_of_primary_, primary_of_host_;
+    std::vector<typename Memory::event_type> filled_;  // per host page: after the copies that last filled it
 };
 
 }  // namespace detail

@@ -352,7 +352,7 @@ public:
         if (n == 0) return;
         const int row = stored_row(s, id, layer, first, n, "read");
         if (s.swapped) {  // from the host tier (save() of a preempted sequence works too)
-            Memory::synchronize();  // the swap's copies may still be in flight on its stream
+            for (int page : s.host_pages) tier_.wait_filled(page);  // the swap's copies may be in flight on its stream
             const auto& tier = tier_;
             for_each_page_segment(s.host_pages, row, n, [&](int page, int in_page, int done, int count) {
                 gather_side<host_memory>(keys + std::size_t(done) * this->key_token_row(), tier.keys(layer, 0), page, in_page, count);
@@ -730,6 +730,7 @@ private:
         if (stream) {
             copy_page_to_host(victim, host, *stream);
         } else {
+            tier_.wait_filled(host);  // an earlier fill of the page, on some stream, must not land after this one
             for (int l = 0; l < layers_; ++l) {
                 Memory::copy_to_host(tier_.keys(l, host), key_plane(l, victim), key_plane_bytes());
                 Memory::copy_to_host(tier_.values(l, host), value_plane(l, victim), value_plane_bytes());
@@ -750,7 +751,7 @@ private:
 
     /// Writes spilled host page `host` to the disk tier as token-major rows.
     void spill_to_disk(int host) {
-        Memory::synchronize();  // a spill's copy into it may still be in flight on a plan's stream
+        tier_.wait_filled(host);  // the spill's copy into it may still be in flight on a plan's stream
         typename detail::disk_tier<Element>::key_rows keys(layers_);
         typename detail::disk_tier<Element>::value_rows values(layers_);
         for (int l = 0; l < layers_; ++l) {
@@ -840,14 +841,19 @@ private:
         return p >= 0 && (pool_.references(p) > 0 || pool_.cached(p)) ? p : -1;
     }
 
-    /// Copies one page between the tiers in every layer, ordered on stream.
+    /// Copies one page between the tiers in every layer, ordered on stream
+    /// and after the copies that filled the host page before (on any stream);
+    /// the host page's event then marks these copies' end.
     void copy_page_to_host(int primary, int host, typename Memory::stream_type stream) {
+        tier_.order_after_fill(host, stream);
         for (int l = 0; l < layers_; ++l) {
             Memory::copy_to_host_async(tier_.keys(l, host), key_plane(l, primary), key_plane_bytes(), stream);
             Memory::copy_to_host_async(tier_.values(l, host), value_plane(l, primary), value_plane_bytes(), stream);
         }
+        tier_.note_filled(host, stream);
     }
     void copy_page_from_host(int host, int primary, typename Memory::stream_type stream) {
+        tier_.order_after_fill(host, stream);  // it may have been filled on another plan's stream
         for (int l = 0; l < layers_; ++l) {
             Memory::copy_from_host_async(key_plane(l, primary), tier_.keys(l, host), key_plane_bytes(), stream);
             Memory::copy_from_host_async(value_plane(l, primary), tier_.values(l, host), value_plane_bytes(), stream);

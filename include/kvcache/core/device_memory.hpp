@@ -127,6 +127,44 @@ private:
     std::size_t count_ = 0;
 };
 
+/// A CUDA event (timing off), made when first recorded and destroyed with its
+/// owner; move-only. device_memory marks the copies into each host-tier page
+/// with one, so a reader of that page waits for those copies and no others.
+class cuda_event {
+public:
+    cuda_event() noexcept = default;
+    cuda_event(cuda_event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    cuda_event& operator=(cuda_event&& other) noexcept {
+        if (this != &other) {
+            if (handle_) (void)cudaEventDestroy(handle_);
+            handle_ = std::exchange(other.handle_, nullptr);
+        }
+        return *this;
+    }
+    cuda_event(const cuda_event&) = delete;
+    cuda_event& operator=(const cuda_event&) = delete;
+    ~cuda_event() {
+        if (handle_) (void)cudaEventDestroy(handle_);
+    }
+
+    /// Records the event after the work issued on stream so far.
+    void record(cudaStream_t stream) {
+        if (!handle_) KVCACHE_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, cudaEventDisableTiming));
+        KVCACHE_CUDA_CHECK(cudaEventRecord(handle_, stream));
+    }
+    /// Waits on the host for the work before the last record (returns at once if never recorded).
+    void wait() const {
+        if (handle_) KVCACHE_CUDA_CHECK(cudaEventSynchronize(handle_));
+    }
+    /// Makes the stream's later work wait for the work before the last record.
+    void order(cudaStream_t stream) const {
+        if (handle_) KVCACHE_CUDA_CHECK(cudaStreamWaitEvent(stream, handle_, 0));
+    }
+
+private:
+    cudaEvent_t handle_ = nullptr;
+};
+
 /// Memory-space policy for device memory (see host_memory).
 struct device_memory {
     static constexpr memory_space space = memory_space::device;
@@ -159,11 +197,19 @@ struct device_memory {
     static void copy_within(void* destination, const void* source, std::size_t bytes) {
         if (bytes) KVCACHE_CUDA_CHECK(cudaMemcpy(destination, source, bytes, cudaMemcpyDeviceToDevice));
     }
-    /// Waits for every copy issued on any stream: what a host read of the
-    /// host tier does, since the swap that filled it may still be in flight.
+    /// Waits for the work issued on every stream: what a host read of a pool
+    /// page needs, since any plan's stream may still be writing it.
     static void synchronize() { KVCACHE_CUDA_CHECK(cudaDeviceSynchronize()); }
     /// Waits for the work issued on one stream.
     static void synchronize(stream_type stream) { KVCACHE_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+    /// What marks the end of a stream's copies into one host-tier page.
+    using event_type = cuda_event;
+    /// Records `event` after the work issued on the stream so far.
+    static void record_event(event_type& event, stream_type stream) { event.record(stream); }
+    /// Waits on the host for the work before `event`.
+    static void wait_event(const event_type& event) { event.wait(); }
+    /// Makes the stream's later work wait for the work before `event` (cudaStreamWaitEvent: no host wait).
+    static void order_after(stream_type stream, const event_type& event) { event.order(stream); }
     /// copy_within ordered on the stream: what a plan's copy on write uses,
     /// so a step's copies, uploads and kernels all run on the caller's stream.
     static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type stream) {

@@ -131,6 +131,20 @@ struct host_memory {
     static void synchronize() noexcept {}
     /// Waits for the copies issued on one stream (for host memory: nothing to wait for).
     static void synchronize(stream_type) noexcept {}
+    /// Marks where a stream's copies into one host-tier page end, so that a
+    /// reader of that page waits for those copies alone (for host memory:
+    /// nothing to mark, a copy is done when it returns).
+    struct event_type {};
+    /// Records `event` after the copies issued on the stream so far.
+    /// @tparam Stream the policy's stream_type (a template, so a policy deriving from this one may change it)
+    template <class Stream>
+    static void record_event(event_type&, const Stream&) noexcept {}
+    /// Waits on the host until the copies before `event` are done.
+    static void wait_event(const event_type&) noexcept {}
+    /// Makes the stream's later work wait for the copies before `event`, without waiting on the host.
+    /// @tparam Stream the policy's stream_type
+    template <class Stream>
+    static void order_after(const Stream&, const event_type&) noexcept {}
     /// copy_within ordered on a stream (for host memory: done on return).
     static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type) {
         copy_within(destination, source, bytes);

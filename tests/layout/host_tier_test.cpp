@@ -1301,18 +1301,22 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     CHECK(event_memory::count("device") == 0);
 
     // A match on stream 9 brings the third prompt's page back from the host
-    // tier: the copy out of it is ordered after stream 8's fill, and the match
-    // waits for its own stream only. The first prompt comes back from its file.
+    // tier: the copy out of it is ordered after stream 8's fill and marked in
+    // turn, and the match returns without waiting. The first prompt comes
+    // back from its file; without a stream the match waits for its copies.
     calls.clear();
     const auto again = cache.add_sequence();
     CHECK(cache.match_prefix(again, third, 9) == page);
     CHECK(event_memory::count("order", 9, 8) == 1);
-    CHECK(event_memory::count("stream", 9, -1) == 1);
+    CHECK(event_memory::count("record", 9, 9) == 1);
+    CHECK(event_memory::count("stream") == 0);
     CHECK(event_memory::count("device") == 0);
     check_tokens(again, third);
+    calls.clear();
     const auto from_disk = cache.add_sequence();
     CHECK(cache.match_prefix(from_disk, first) == page);
     CHECK(cache.statistics().disk_prefix_hit_pages == 1);
+    CHECK(event_memory::count("stream", 0, -1) == 1);
     check_tokens(from_disk, first);
     cache.remove_sequence(again);
     cache.remove_sequence(from_disk);
@@ -1330,7 +1334,18 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     CHECK(event_memory::count("wait", -1, 5) == 2 * layers);  // each layer's read waits for both pages
     cache.swap_in(swapped, 6);
     CHECK(event_memory::count("order", 6, 5) == 2);
-    CHECK(event_memory::count("stream", 6, -1) == 1);
+    CHECK(event_memory::count("record", 6, 6) == 2);
+    CHECK(event_memory::count("stream") == 0);  // returned with the copies in flight
+    CHECK(event_memory::count("device") == 0);
+    check_tokens(swapped, swapped_tokens);
+    // Swapped out again on stream 11, into the two host pages swap_in just
+    // released: the new fills wait, on stream 11, for stream 6's copies out.
+    calls.clear();
+    cache.swap_out(swapped, 11);
+    CHECK(event_memory::count("order", 11, 6) == 2);
+    CHECK(event_memory::count("record", 11, 11) == 2);
+    cache.swap_in(swapped);  // no stream: waits for its copies
+    CHECK(event_memory::count("stream", 0, -1) == 1);
     CHECK(event_memory::count("device") == 0);
     check_tokens(swapped, swapped_tokens);
 }

@@ -4,8 +4,8 @@
 // once; twin links: while a page's copy in the other tier is known to be
 // unchanged, swapping it back reuses that copy instead of moving the bytes;
 // a prefix index of its own for cached pages the pool evicted (spilled);
-// and, per page, an event after the copies that last filled it, so a reader
-// of one page waits for that page's copies only.
+// and, per page, an event after the last copies into or out of it, so a
+// reader or a new fill of one page waits for that page's copies only.
 #pragma once
 
 #include <cstddef>
@@ -40,7 +40,7 @@ public:
     /// 0..primary_pages-1.
     host_tier(int layers, int pages, std::int64_t key_page_elements, std::int64_t value_page_elements, int primary_pages)
         : key_page_elements_(key_page_elements), value_page_elements_(value_page_elements), pool_(pages),
-          host_of_primary_(primary_pages, -1), primary_of_host_(pages, -1), filled_(std::size_t(pages)) {
+          host_of_primary_(primary_pages, -1), primary_of_host_(pages, -1), copies_(std::size_t(pages)) {
         const std::size_t key_elements = checked_bytes(std::size_t(pages), std::size_t(key_page_elements));
         const std::size_t value_elements = checked_bytes(std::size_t(pages), std::size_t(value_page_elements));
         for (int l = 0; l < layers; ++l) {
@@ -112,20 +112,23 @@ public:
         host_of_primary_[primary] = -1;
     }
 
-    /// Marks the end of the copies just issued on stream into host page `page`.
+    /// Marks the end of the copies just issued on stream into or out of
+    /// host page `page` (issued after order_after_copies, so the mark covers
+    /// every earlier copy of the page as well).
     /// @tparam Stream the memory policy's stream_type
     template <class Stream>
-    void note_filled(int page, const Stream& stream) {
-        Memory::record_event(filled_[std::size_t(page)], stream);
+    void note_copies(int page, const Stream& stream) {
+        Memory::record_event(copies_[std::size_t(page)], stream);
     }
-    /// Waits on the host for the copies that last filled `page`: a host read of it needs them done.
-    void wait_filled(int page) const { Memory::wait_event(filled_[std::size_t(page)]); }
+    /// Waits on the host for the copies into and out of `page` issued so far,
+    /// on whatever streams: what a host read or a synchronous fill of it needs.
+    void wait_for_copies(int page) const { Memory::wait_event(copies_[std::size_t(page)]); }
     /// Makes the stream's later work (a copy out of the page, or a new fill
-    /// of it) wait for the copies that last filled `page`, on whatever stream those were.
+    /// of it) wait for the copies of `page` issued so far, without waiting on the host.
     /// @tparam Stream the memory policy's stream_type
     template <class Stream>
-    void order_after_fill(int page, const Stream& stream) const {
-        Memory::order_after(stream, filled_[std::size_t(page)]);
+    void order_after_copies(int page, const Stream& stream) const {
+        Memory::order_after(stream, copies_[std::size_t(page)]);
     }
 
     /// Key plane of a host page in one layer.
@@ -147,7 +150,7 @@ private:
     std::vector<typename Memory::template host_tier_buffer<key_type>> keys_;
     std::vector<typename Memory::template host_tier_buffer<value_type>> values_;
     std::vector<int> host_of_primary_, primary_of_host_;
-    std::vector<typename Memory::event_type> filled_;  // per host page: after the copies that last filled it
+    std::vector<typename Memory::event_type> copies_;  // per host page: after the last copies into or out of it
 };
 
 }  // namespace detail

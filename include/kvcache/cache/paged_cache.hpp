@@ -177,12 +177,17 @@ public:
     /// on the disk tier's read threads at once. Copies into the pool are
     /// issued on stream (device caches: asynchronous from the host tier's
     /// page-locked pages; a page read from its file is ordinary memory, which
-    /// CUDA stages) and waited for once, before it returns. invalid_argument
-    /// when the sequence is not empty.
+    /// CUDA stages before the copy call returns). Given a stream, the call
+    /// returns without waiting for them, so they overlap with what the host
+    /// does next: attend to the sequence on that stream, or after it. Without
+    /// one they are waited for once, before it returns. Either way a host-tier
+    /// page is not refilled before the copies out of it are done (its event).
+    /// invalid_argument when the sequence is not empty.
     /// Pass every prompt token but the last: that one must still run through
     /// the model for its logits, so a match never covers it.
     int match_prefix(sequence_id id, const std::vector<std::int32_t>& token_ids,
-                     typename Memory::stream_type stream = {}) {
+                     std::optional<typename Memory::stream_type> stream = std::nullopt) {
+        const typename Memory::stream_type on = stream.value_or(typename Memory::stream_type{});
         state& s = resident(id, "match_prefix");
         require(s.length == 0, error_code::invalid_argument, "match_prefix needs an empty sequence; sequence ", id,
                 " has length ", s.length);
@@ -245,19 +250,20 @@ public:
                 break;
             }
             const std::int32_t* tokens = token_ids.data() + std::size_t(h.index) * page_size_;
-            h.page = allocate_page(stream);
+            h.page = allocate_page(on);
             if (h.host >= 0) {
-                copy_page_from_host(h.host, h.page, stream);
+                copy_page_from_host(h.host, h.page, on);
                 ++host_hits_;
             } else {
-                copy_page_from_image(*images[std::size_t(h.index)], h.page, stream);
+                copy_page_from_image(*images[std::size_t(h.index)], h.page, on);
                 ++disk_hits_;
             }
             pool_.publish(h.page, h.hash, h.parent, tokens, page_size_);
             copied = true;
         }
-        // The pinned host pages and the images stay until the copies are done.
-        if (copied) Memory::synchronize(stream);
+        // Released host-tier pages are refilled only after these copies (their
+        // events), and the images were staged: only a caller without a stream waits.
+        if (copied && !stream) Memory::synchronize(on);
         for (std::size_t k = 0; k < chain.size(); ++k) {
             if (chain[k].host >= 0) tier_.release(chain[k].host);
             if (k >= kept && chain[k].page >= 0) pool_.release(chain[k].page);
@@ -352,7 +358,7 @@ public:
         if (n == 0) return;
         const int row = stored_row(s, id, layer, first, n, "read");
         if (s.swapped) {  // from the host tier (save() of a preempted sequence works too)
-            for (int page : s.host_pages) tier_.wait_filled(page);  // the swap's copies may be in flight on its stream
+            for (int page : s.host_pages) tier_.wait_for_copies(page);  // the swap's copies may be in flight on its stream
             const auto& tier = tier_;
             for_each_page_segment(s.host_pages, row, n, [&](int page, int in_page, int done, int count) {
                 gather_side<host_memory>(keys + std::size_t(done) * this->key_token_row(), tier.keys(layer, 0), page, in_page, count);
@@ -525,11 +531,15 @@ public:
     /// page table is rewritten). A host page shared by several swapped
     /// sequences comes back as one shared page, and one whose pool copy is
     /// still held (by a fork, or the prefix cache) is not copied. Copies are
-    /// ordered on stream, and swap_in waits for them before it returns (the
-    /// host pages they read may be reused at once). invalid_argument when the sequence is not swapped
+    /// ordered on stream. Given a stream, swap_in returns without waiting for
+    /// them, so they overlap with what the host does next (device caches:
+    /// attend to the sequence on that stream, or after it); without one it
+    /// waits for them. The host pages they read are not refilled before they
+    /// are done (each page's event). invalid_argument when the sequence is not swapped
     /// out; capacity_exceeded, with nothing changed, when the pool is short
     /// even after evicting cached pages.
-    void swap_in(sequence_id id, typename Memory::stream_type stream = {}) {
+    void swap_in(sequence_id id, std::optional<typename Memory::stream_type> stream = std::nullopt) {
+        const typename Memory::stream_type on = stream.value_or(typename Memory::stream_type{});
         state& s = sequences_.at(id);
         require(s.swapped, error_code::invalid_argument, "cannot swap in sequence ", id, ": it is not swapped out");
         int needed = 0, kept_evictable = 0;
@@ -553,13 +563,13 @@ public:
         for (std::size_t i = 0; i < pages.size(); ++i) {
             if (pages[i] >= 0) continue;
             pages[i] = allocate_page();
-            copy_page_from_host(s.host_pages[i], pages[i], stream);
+            copy_page_from_host(s.host_pages[i], pages[i], on);
             tier_.link(pages[i], s.host_pages[i]);
             ++swapped_in_pages_;
         }
-        // The host pages may be reused (a spill, another swap) once released:
-        // the copies out of them must be done first.
-        Memory::synchronize(stream);
+        // Released host pages are refilled only after the copies out of them
+        // (their events): only a caller without a stream waits.
+        if (!stream) Memory::synchronize(on);
         for (int host : s.host_pages) tier_.release(host);
         s.host_pages.clear();
         s.pages = std::move(pages);
@@ -730,7 +740,7 @@ private:
         if (stream) {
             copy_page_to_host(victim, host, *stream);
         } else {
-            tier_.wait_filled(host);  // an earlier fill of the page, on some stream, must not land after this one
+            tier_.wait_for_copies(host);  // earlier copies of the page, on any stream, must not land after this one
             for (int l = 0; l < layers_; ++l) {
                 Memory::copy_to_host(tier_.keys(l, host), key_plane(l, victim), key_plane_bytes());
                 Memory::copy_to_host(tier_.values(l, host), value_plane(l, victim), value_plane_bytes());
@@ -751,7 +761,7 @@ private:
 
     /// Writes spilled host page `host` to the disk tier as token-major rows.
     void spill_to_disk(int host) {
-        tier_.wait_filled(host);  // the spill's copy into it may still be in flight on a plan's stream
+        tier_.wait_for_copies(host);  // the spill's copy into it may still be in flight on a plan's stream
         typename detail::disk_tier<Element>::key_rows keys(layers_);
         typename detail::disk_tier<Element>::value_rows values(layers_);
         for (int l = 0; l < layers_; ++l) {
@@ -842,22 +852,24 @@ private:
     }
 
     /// Copies one page between the tiers in every layer, ordered on stream
-    /// and after the copies that filled the host page before (on any stream);
-    /// the host page's event then marks these copies' end.
+    /// and after the host page's earlier copies (on any stream: a fill on
+    /// another plan's stream, or a copy out of it still in flight); the host
+    /// page's event then marks these copies' end.
     void copy_page_to_host(int primary, int host, typename Memory::stream_type stream) {
-        tier_.order_after_fill(host, stream);
+        tier_.order_after_copies(host, stream);
         for (int l = 0; l < layers_; ++l) {
             Memory::copy_to_host_async(tier_.keys(l, host), key_plane(l, primary), key_plane_bytes(), stream);
             Memory::copy_to_host_async(tier_.values(l, host), value_plane(l, primary), value_plane_bytes(), stream);
         }
-        tier_.note_filled(host, stream);
+        tier_.note_copies(host, stream);
     }
     void copy_page_from_host(int host, int primary, typename Memory::stream_type stream) {
-        tier_.order_after_fill(host, stream);  // it may have been filled on another plan's stream
+        tier_.order_after_copies(host, stream);
         for (int l = 0; l < layers_; ++l) {
             Memory::copy_from_host_async(key_plane(l, primary), tier_.keys(l, host), key_plane_bytes(), stream);
             Memory::copy_from_host_async(value_plane(l, primary), tier_.values(l, host), value_plane_bytes(), stream);
         }
+        tier_.note_copies(host, stream);  // a later fill of the page waits for this read
     }
     /// Copies a page read from its file into pool page `primary`, ordered on stream.
     void copy_page_from_image(const page_image& image, int primary, typename Memory::stream_type stream) {

@@ -20,6 +20,8 @@ void run_decode_bandwidth(const options&, report&);
 void run_layout_overhead(const options&, report&);
 void run_memory_waste(const options&, report&);
 void run_prefill(const options&, report&);
+/// The prefill benchmark's second part: every layout x storage type at one shape (prefill_types.cpp).
+void run_prefill_types(const options&, report&);
 void run_dynamic_heads(const options&, report&);
 void run_host_tier(const options&, report&);
 void run_element_types(const options&, report&);

@@ -1,6 +1,6 @@
 // element_types: decode speed of each storage element type against fp16, in
 // one run (fp32, bf16, fp8 e4m3 and e5m2, int8 with a scale per row, int4 with a scale
-// and minimum per group of 32). For each layout (contiguous, paged), head shape (GQA 32/8 and MHA
+// and minimum per group of 32). For each layout (contiguous, paged, sliding window), head shape (GQA 32/8 and MHA
 // 8/8, head dim 128) and context, one cache per type holds the same random
 // K/V; the types are timed in alternation, round after round, so a noisy
 // machine's drifts hit all alike. Reported per type: ms per step, the bytes
@@ -42,6 +42,8 @@ void add_type(std::vector<timed_type>& types, layout_kind layout, int context) {
     };
     if (layout == layout_kind::paged)
         time_view(make_paged<Element, Heads>(1, context));
+    else if (layout == layout_kind::sliding_window)
+        time_view(make_sliding_window<Element, Heads>(1, context));  // 4 sinks + a window of context - 4, wrapped
     else
         time_view(make_contiguous<Element, Heads>(1, context));
 }
@@ -105,7 +107,7 @@ void run_element_types(const options& opts, report& out) {
     const std::size_t available = available_memory_bytes();
     if (available > 0) probe_bytes = std::min(probe_bytes, available / 4);
     const std::vector<int> contexts = opts.quick ? std::vector<int>{1024} : std::vector<int>{4096, 16384};
-    for (layout_kind layout : {layout_kind::contiguous, layout_kind::paged})
+    for (layout_kind layout : {layout_kind::contiguous, layout_kind::paged, layout_kind::sliding_window})
         for (int context : contexts) {
             compare_types<head_config<32, 8, 128>>(opts, out, layout, context, "32q/8kv/d128", probe_bytes);
             compare_types<head_config<8, 8, 128>>(opts, out, layout, context, "8q/8kv/d128", probe_bytes);

@@ -100,14 +100,24 @@ def main():
         print("### memory_waste: bytes per token per layer by storage type\n")
         print(table(["element", "heads", "bytes per token per layer (K and V)"], per_type))
 
-    rows = []
+    rows, by_type = [], []
     for r in of("prefill"):
         p, m = r["params"], r["metrics"]
+        if p.get("types_compared"):
+            layout = p["layout"] + (f' (window {p["window"]}, {p["sinks"]} sinks)' if "window" in p else "")
+            by_type.append([layout, p["element"], str(p["prefix"]), str(p["chunk"]), spread(m, "ms_per_chunk"),
+                            spread(m, "gflop_per_s"),
+                            f'{m["speed_vs_fp16"]:.2f} ({m["speed_vs_fp16_min"]:.2f} .. {m["speed_vs_fp16_max"]:.2f})'])
+            continue
         rows.append([p["element"], str(p["prefix"]), str(p["chunk"]), spread(m, "ms_per_chunk"),
                      spread(m, "tokens_per_s"), spread(m, "gflop_per_s")])
     if rows:
         print("### prefill\n")
         print(table(["element", "prefix", "chunk", "ms/chunk", "tokens_per_s", "gflop_per_s"], rows))
+    if by_type:
+        print("### prefill: every layout and storage type\n")
+        print(table(["layout", "element", "prefix", "chunk", "ms/chunk", "gflop_per_s",
+                     "speed vs fp16 (per-round min .. max)"], by_type))
 
     rows = []
     for r in of("dynamic_heads"):

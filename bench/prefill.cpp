@@ -1,6 +1,7 @@
 // prefill: append attention (a plan of the chunk, cpu_backend::append of its
 // K/V, then cpu_backend::prefill over prefix + chunk) by chunk size, after a
-// prefix already in a paged cache: tokens/s and GFLOP/s of the attention.
+// prefix already in a paged cache: tokens/s and GFLOP/s of the attention;
+// then every layout x storage type at one chunk (prefill_types.cpp).
 #include <cstdio>
 #include <vector>
 
@@ -63,6 +64,7 @@ void run_prefill(const options& opts, report& out) {
     const std::vector<int> chunks = opts.quick ? std::vector<int>{16, 64} : std::vector<int>{16, 64, 256, 512, 1024};
     prefill_chunks<float>(opts, out, prefix, chunks);
     prefill_chunks<half>(opts, out, prefix, chunks);
+    run_prefill_types(opts, out);
 }
 
 }  // namespace kvcache::bench

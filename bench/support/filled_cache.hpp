@@ -131,11 +131,12 @@ filled_cache<paged_cache<Element, Heads>> make_paged(int batch, int context, int
 /// a window of visible - 4), generated past the ring's end so the ring has
 /// wrapped: each sequence's keys come in three runs (sinks, ring tail, ring head).
 /// @tparam Element float, kvcache::half, kvcache::bfloat16, an fp8 type, kvcache::qint8 or kvcache::qint4
-template <class Element>
-filled_cache<sliding_window_cache<Element, bench_heads>> make_sliding_window(int batch, int visible) {
-    filled_cache<sliding_window_cache<Element, bench_heads>> out;
+/// @tparam Heads a head_config with compiled counts
+template <class Element, class Heads = bench_heads>
+filled_cache<sliding_window_cache<Element, Heads>> make_sliding_window(int batch, int visible) {
+    filled_cache<sliding_window_cache<Element, Heads>> out;
     const int window = visible - bench_sinks;
-    out.cache = std::make_unique<sliding_window_cache<Element, bench_heads>>(1, batch, window, bench_sinks, 1);
+    out.cache = std::make_unique<sliding_window_cache<Element, Heads>>(1, batch, window, bench_sinks, 1);
     const int length = bench_sinks + out.cache->ring() + visible / 2;  // the wrap point in mid-ring
     for (int b = 0; b < batch; ++b) {
         out.batch.push_back(out.cache->add_sequence());

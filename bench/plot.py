@@ -5,6 +5,9 @@ latency_vs_context.png: per-token latency with the cache and recomputing, by con
     (median, bars from min to max).
 bandwidth_fraction.png: decode attention's fraction of the streaming-read bandwidth measured in
     the same run, by layout, element type, batch and context (hatched: the K/V fit the LLC).
+storage_types.png: every layout x storage type: prefill GFLOP/s at the prefill benchmark's
+    type comparison (512 queries after 1024), and decode's fraction of the streaming read at the
+    longest context of element_types, GQA and MHA (median; the machine's FMA peak is not drawn).
 compress_quality.png: quality against memory for each eviction policy (07_compress --json):
     perplexity increase and mean KL divergence from the full cache, and recall accuracy (with
     the full cache's as a line), against the bytes held.
@@ -107,6 +110,51 @@ def bandwidth_chart(plt, data, out_dir):
     return path
 
 
+def storage_type_chart(plt, data, out_dir):
+    prefill = [r for r in rows_of(data, "prefill") if r["params"].get("types_compared")]
+    decode = rows_of(data, "element_types")
+    if not prefill and not decode:
+        return None
+    layout_order = ["contiguous", "paged", "sliding_window"]
+    panels = []
+    if prefill:
+        panels.append(("prefill, 32q/8kv/d128: GFLOP/s", prefill, "gflop_per_s"))
+    if decode:
+        longest = max(r["params"]["context"] for r in decode)
+        for heads in sorted({r["params"]["heads"] for r in decode}):
+            rows = [r for r in decode if r["params"]["heads"] == heads and r["params"]["context"] == longest]
+            panels.append((f"decode, {heads}, context {longest}: fraction of the streaming read", rows,
+                           "fraction_of_measured_bandwidth"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.8), squeeze=False)
+    for ax, (title, rows, metric) in zip(axes[0], panels):
+        elements = []
+        for r in rows:
+            if r["params"]["element"] not in elements:
+                elements.append(r["params"]["element"])
+        layouts = sorted({r["params"]["layout"] for r in rows}, key=layout_order.index)
+        width = 0.8 / len(layouts)
+        for l, layout in enumerate(layouts):
+            xs, ys = [], []
+            for i, element in enumerate(elements):
+                match = [r for r in rows if r["params"]["layout"] == layout and r["params"]["element"] == element]
+                if match:
+                    xs.append(i + (l - (len(layouts) - 1) / 2) * width)
+                    ys.append(match[0]["metrics"][metric])
+            ax.bar(xs, ys, width, color=f"C{l}", label=layout)
+        ax.set_xticks(range(len(elements)))
+        ax.set_xticklabels(elements, fontsize=7, rotation=30)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("Every layout and storage type on the CPU backend (kvcache_bench --only prefill,element_types)",
+                 fontsize=9)
+    path = os.path.join(out_dir, "storage_types.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def compress_chart(plt, data, out_dir):
     rows = [r for r in rows_of(data, "compress_quality") if r["params"]["policy"] != "none"]
     if not rows:
@@ -159,7 +207,7 @@ def main():
     data = load(args.json_file)
     os.makedirs(args.out, exist_ok=True)
     for path in (latency_chart(plt, data, args.out), bandwidth_chart(plt, data, args.out),
-                 compress_chart(plt, data, args.out)):
+                 storage_type_chart(plt, data, args.out), compress_chart(plt, data, args.out)):
         if path:
             print(f"plot.py: wrote {path}")
 

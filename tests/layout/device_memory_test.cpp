@@ -165,7 +165,74 @@ void spill_and_match(const std::string& disk_directory = {}) {
     }
 }
 
+/// Spills a prompt's cached pages to the host tier from a plan on stream
+/// `first` and brings them back with a match on stream `second`; then swaps
+/// a sequence out on `first` and in on `second`. Each page's event orders the
+/// second stream's copies after the first's; wait_second waits for `second`
+/// before the rows are read back.
+template <class Cache, class Wait>
+void cross_streams(typename Cache::memory::stream_type first, typename Cache::memory::stream_type second,
+                   Wait wait_second) {
+    constexpr int layers = 2, page = 4, row = heads::kv_heads() * heads::head_dim;
+    Cache cache(layers, 4, page, true);
+    cache.attach_host_tier(4);
+    const auto append = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+        const int n = static_cast<int>(tokens.size());
+        const int start = cache.begin_append(id, n, tokens);
+        for (int l = 0; l < layers; ++l) {
+            const auto keys = test_support::token_rows(tokens, start, l, false, row);
+            const auto values = test_support::token_rows(tokens, start, l, true, row);
+            cache.write(id, l, start, keys, values, n);
+        }
+    };
+    const auto check_rows = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+        const int n = static_cast<int>(tokens.size());
+        for (int l = 0; l < layers; ++l) {
+            INFO("sequence " << id << ", layer " << l);
+            std::vector<float> keys(std::size_t(n) * row), values(keys.size());
+            cache.read(id, l, 0, n, keys, values);
+            CHECK(keys == test_support::token_rows(tokens, 0, l, false, row));
+            CHECK(values == test_support::token_rows(tokens, 0, l, true, row));
+        }
+    };
+    std::vector<std::int32_t> prompt(3 * page + 1), swapped_tokens(page + 1);
+    for (int i = 0; i < 3 * page + 1; ++i) prompt[std::size_t(i)] = 500 + i;
+    for (int i = 0; i < page + 1; ++i) swapped_tokens[std::size_t(i)] = 800 + i;
+    const auto a = cache.add_sequence();
+    append(a, prompt);
+    cache.remove_sequence(a);  // its three full pages stay cached in the pool
+    const auto filler = cache.add_sequence();
+    (void)cache.plan({filler}, {4 * page}, first);  // the whole pool: the cached pages spill, on `first`
+    cache.remove_sequence(filler);
+    CHECK(cache.statistics().pages_spilled == 3);
+    const auto c = cache.add_sequence();
+    const std::vector<std::int32_t> lookup(prompt.begin(), prompt.end() - 1);
+    REQUIRE(cache.match_prefix(c, lookup, second) == 3 * page);  // returns with the copies in flight
+    CHECK(cache.statistics().host_prefix_hit_pages == 3);
+    wait_second();
+    check_rows(c, lookup);
+    cache.remove_sequence(c);
+    const auto d = cache.add_sequence();
+    append(d, swapped_tokens);
+    cache.swap_out(d, first);
+    cache.swap_in(d, second);  // reads host pages `first` may still be filling
+    wait_second();
+    check_rows(d, swapped_tokens);
+}
+
 }  // namespace
+
+TEST_CASE("pages a plan spills on one stream come back on another, and a swap crosses streams too") {
+    cross_streams<kvcache::paged_cache<float, heads>>(nullptr, nullptr, [] {});  // host memory, run everywhere
+    if (skip_without_gpu("the host tier's events across two streams")) return;
+    cudaStream_t first = nullptr, second = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&second, cudaStreamNonBlocking) == cudaSuccess);
+    cross_streams<kvcache::paged_cache<float, heads, kvcache::device_memory>>(
+        first, second, [&] { REQUIRE(cudaStreamSynchronize(second) == cudaSuccess); });
+    cudaStreamDestroy(first);
+    cudaStreamDestroy(second);
+}
 
 TEST_CASE("a device cache spills evicted prefix pages to its host tier and a match brings their rows back") {
     spill_and_match<kvcache::paged_cache<float, heads>>();  // the same steps in host memory, run everywhere

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "benchmarks.hpp"
+#include "harness/alternating.hpp"
 #include "harness/bandwidth.hpp"
 #include "harness/machine.hpp"
 #include "harness/timing.hpp"
@@ -30,7 +31,6 @@ struct timed_type {
     kv_kinds element;
     std::size_t bytes = 0;  ///< K/V read per step, plus queries and outputs
     std::function<double()> step;
-    std::vector<double> seconds;
 };
 
 template <class Element, class Heads>
@@ -38,7 +38,7 @@ void add_type(std::vector<timed_type>& types, layout_kind layout, int context) {
     const std::size_t q_elements = std::size_t(Heads::query_heads()) * Heads::head_dim;
     const auto time_view = [&](auto filled) {
         const std::size_t bytes = filled.kv_bytes() + 2 * q_elements * sizeof(float);
-        types.push_back({kinds_of<Element>(), bytes, timed_decode_step(std::move(filled)), {}});
+        types.push_back({kinds_of<Element>(), bytes, timed_decode_step(std::move(filled))});
     };
     if (layout == layout_kind::paged)
         time_view(make_paged<Element, Heads>(1, context));
@@ -63,27 +63,21 @@ void compare_types(const options& opts, report& out, layout_kind layout, int con
     add_type<kv_elements<half, qint4>, Heads>(types, layout, context);
     add_type<kv_elements<qint8, qint4>, Heads>(types, layout, context);
     const bandwidth_result dram = measure_read_bandwidth(probe_bytes, opts.threads, opts.repeats());
-    for (int i = 0; i < opts.warmup(); ++i)
-        for (auto& t : types) t.step();
-    const int least_rounds = opts.repeats() + (opts.quick ? 0 : 10);
-    double total = 0;
-    while (int(types[0].seconds.size()) < least_rounds || (total < opts.min_seconds() && types[0].seconds.size() < 500))
-        for (auto& t : types) {
-            t.seconds.push_back(t.step());
-            total += t.seconds.back();
-        }
-    const timing baseline = summarise(types[0].seconds);
-    for (const auto& t : types) {
-        std::vector<double> speedup;
-        for (std::size_t r = 0; r < t.seconds.size(); ++r) speedup.push_back(types[0].seconds[r] / t.seconds[r]);
-        const timing time = summarise(t.seconds), ratio = summarise(speedup);
+    std::vector<std::function<double()>> steps;
+    for (const auto& t : types) steps.push_back(t.step);
+    const auto seconds =
+        alternate(steps, opts.warmup(), opts.repeats() + (opts.quick ? 0 : 10), opts.min_seconds(), 500);
+    for (std::size_t i = 0; i < types.size(); ++i) {
+        const auto& t = types[i];
+        const compared_timing compared = compare_to(seconds[0], seconds[i]);
+        const timing &time = compared.time, &ratio = compared.ratio;
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_step", time, 1e3);
         metrics["bytes_read"] = double(t.bytes);
         metrics["gbytes_per_s"] = double(t.bytes) / time.median / 1e9;
         metrics["read_gbytes_per_s"] = dram.gbytes_per_s;
         metrics["fraction_of_measured_bandwidth"] = double(t.bytes) / time.median / 1e9 / dram.gbytes_per_s;
-        metrics["speed_vs_fp16"] = baseline.median / time.median;
+        metrics["speed_vs_fp16"] = compared.speed_vs_baseline;
         metrics["speed_vs_fp16_min"] = ratio.min;
         metrics["speed_vs_fp16_max"] = ratio.max;
         out.add({"element_types",
@@ -93,7 +87,7 @@ void compare_types(const options& opts, report& out, layout_kind layout, int con
                   {"batch", 1},
                   {"context", context},
                   {"threads", opts.threads},
-                  {"rounds", int(t.seconds.size())},
+                  {"rounds", time.runs},
                   {"kv_fit_llc", t.bytes < last_level_cache_bytes()}},
                  metrics});
     }

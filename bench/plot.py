@@ -26,6 +26,15 @@ def load(path):
     return data
 
 
+def save(plt, fig, out_dir, name):
+    """Writes the figure as out_dir/name, closes it, and returns the path."""
+    path = os.path.join(out_dir, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def rows_of(data, benchmark):
     return [r for r in data["results"] if r["benchmark"] == benchmark]
 
@@ -57,11 +66,7 @@ def latency_chart(plt, data, out_dir):
     ax.set_title(f"Generation, 02_generate model ({model})", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    path = os.path.join(out_dir, "latency_vs_context.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out_dir, "latency_vs_context.png")
 
 
 def bandwidth_chart(plt, data, out_dir):
@@ -103,11 +108,7 @@ def bandwidth_chart(plt, data, out_dir):
     title = ("Decode attention: (K/V + Q/O bytes) / time over the streaming-read bandwidth "
              "probed in the same run before each layout/element group")
     fig.suptitle(title, fontsize=9)
-    path = os.path.join(out_dir, "bandwidth_fraction.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out_dir, "bandwidth_fraction.png")
 
 
 def storage_type_chart(plt, data, out_dir):
@@ -148,11 +149,7 @@ def storage_type_chart(plt, data, out_dir):
         ax.legend(fontsize=8, loc="lower right")
     fig.suptitle("Every layout and storage type on the CPU backend (kvcache_bench --only prefill,element_types)",
                  fontsize=9)
-    path = os.path.join(out_dir, "storage_types.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out_dir, "storage_types.png")
 
 
 def compress_chart(plt, data, out_dir):
@@ -187,11 +184,7 @@ def compress_chart(plt, data, out_dir):
     machine = data["machine"]
     fig.suptitle(f'Eviction policies, {machine.get("model", "")} ({machine.get("windows", "?")} held-out windows)',
                  fontsize=9)
-    path = os.path.join(out_dir, "compress_quality.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out_dir, "compress_quality.png")
 
 
 def main():

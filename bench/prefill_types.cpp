@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "benchmarks.hpp"
+#include "harness/alternating.hpp"
 #include "harness/timing.hpp"
 #include "kvcache/backend/cpu.hpp"
 #include "support/attention_counts.hpp"
@@ -49,7 +50,6 @@ double keys_seen(layout_kind layout, int prefix, int chunk) {
 struct timed_prefill {
     kv_kinds element;
     std::function<double()> step;
-    std::vector<double> seconds;
 };
 
 /// A cache of `Cache` with one sequence holding `prefix` random rows, and a
@@ -68,7 +68,7 @@ timed_prefill prepared(std::shared_ptr<Cache> cache, int prefix, int chunk, int 
     auto values = std::make_shared<std::vector<float>>(random_floats(chunk * kv_row, 5));
     auto outputs = std::make_shared<std::vector<float>>(chunk * q_row);
     auto plan = std::make_shared<typename Cache::plan_type>();
-    timed_prefill out{kinds_of<typename Cache::element_type>(), {}, {}};
+    timed_prefill out{kinds_of<typename Cache::element_type>(), {}};
     out.step = [=] {
         const cpu_backend cpu;
         return seconds_of([&] {
@@ -111,27 +111,20 @@ void compare_types(const options& opts, report& out, layout_kind layout, int pre
     types.push_back(prepared_in<float8_e5m2>(layout, prefix, chunk));
     types.push_back(prepared_in<qint8>(layout, prefix, chunk));
     types.push_back(prepared_in<qint4>(layout, prefix, chunk));
-    for (int i = 0; i < opts.warmup(); ++i)
-        for (auto& t : types) t.step();
-    double total = 0;
-    while (int(types[0].seconds.size()) < opts.repeats() ||
-           (total < opts.min_seconds() && types[0].seconds.size() < 200))
-        for (auto& t : types) {
-            t.seconds.push_back(t.step());
-            total += t.seconds.back();
-        }
+    std::vector<std::function<double()>> steps;
+    for (const auto& t : types) steps.push_back(t.step);
+    const auto seconds = alternate(steps, opts.warmup(), opts.repeats(), opts.min_seconds(), 200);
     const double flops = 4.0 * bench_heads::query_heads() * bench_heads::head_dim * keys_seen(layout, prefix, chunk);
-    const timing baseline = summarise(types[0].seconds);
-    for (const auto& t : types) {
-        std::vector<double> speedup;
-        for (std::size_t r = 0; r < t.seconds.size(); ++r) speedup.push_back(types[0].seconds[r] / t.seconds[r]);
-        const timing time = summarise(t.seconds), ratio = summarise(speedup);
+    for (std::size_t i = 0; i < types.size(); ++i) {
+        const auto& t = types[i];
+        const compared_timing compared = compare_to(seconds[0], seconds[i]);
+        const timing &time = compared.time, &ratio = compared.ratio;
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_chunk", time, 1e3);
         add_rate(metrics, "tokens_per_s", chunk, time);
         add_rate(metrics, "gflop_per_s", flops / 1e9, time);
         metrics["runs"] = time.runs;
-        metrics["speed_vs_fp16"] = baseline.median / time.median;
+        metrics["speed_vs_fp16"] = compared.speed_vs_baseline;
         metrics["speed_vs_fp16_min"] = ratio.min;
         metrics["speed_vs_fp16_max"] = ratio.max;
         nlohmann::json params = {{"layout", to_string(layout)},

@@ -115,6 +115,20 @@ TEST_CASE("a device cache's host tier (page-locked) swaps a sequence out and bac
 
 namespace {
 
+/// Appends tokens to a sequence of a prefix-caching cache, with their ids,
+/// and writes each layer's rows as test_support::token_rows gives them.
+template <class Cache>
+void append_token_rows(Cache& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int layers,
+                       int row) {
+    const int n = static_cast<int>(tokens.size());
+    const int first = cache.begin_append(id, n, tokens);
+    for (int l = 0; l < layers; ++l) {
+        const auto keys = test_support::token_rows(tokens, first, l, false, row);
+        const auto values = test_support::token_rows(tokens, first, l, true, row);
+        cache.write(id, l, first, keys, values, n);
+    }
+}
+
 /// Spills a prompt's cached pages to the host tier (a filler evicts them from
 /// the pool), matches the prompt again, and reads the rows back. With a disk
 /// directory the host tier holds one page and the other two go to page files.
@@ -125,13 +139,7 @@ void spill_and_match(const std::string& disk_directory = {}) {
     cache.attach_host_tier(disk_directory.empty() ? 4 : 1);
     if (!disk_directory.empty()) cache.attach_disk_tier(disk_directory, 4, 2);
     const auto append = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
-        const int n = static_cast<int>(tokens.size());
-        const int first = cache.begin_append(id, n, tokens);
-        for (int l = 0; l < layers; ++l) {
-            const auto keys = test_support::token_rows(tokens, first, l, false, row);
-            const auto values = test_support::token_rows(tokens, first, l, true, row);
-            cache.write(id, l, first, keys, values, n);
-        }
+        append_token_rows(cache, id, tokens, layers, row);
     };
     const auto tokens_from = [](int first, int n) {
         std::vector<std::int32_t> out(n);
@@ -177,13 +185,7 @@ void cross_streams(typename Cache::memory::stream_type first, typename Cache::me
     Cache cache(layers, 4, page, true);
     cache.attach_host_tier(4);
     const auto append = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
-        const int n = static_cast<int>(tokens.size());
-        const int start = cache.begin_append(id, n, tokens);
-        for (int l = 0; l < layers; ++l) {
-            const auto keys = test_support::token_rows(tokens, start, l, false, row);
-            const auto values = test_support::token_rows(tokens, start, l, true, row);
-            cache.write(id, l, start, keys, values, n);
-        }
+        append_token_rows(cache, id, tokens, layers, row);
     };
     const auto check_rows = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
         const int n = static_cast<int>(tokens.size());

@@ -63,21 +63,18 @@ void compare_types(const options& opts, report& out, layout_kind layout, int con
     add_type<kv_elements<half, qint4>, Heads>(types, layout, context);
     add_type<kv_elements<qint8, qint4>, Heads>(types, layout, context);
     const bandwidth_result dram = measure_read_bandwidth(probe_bytes, opts.threads, opts.repeats());
-    std::vector<std::function<double()>> steps;
-    for (const auto& t : types) steps.push_back(t.step);
-    const auto seconds =
-        alternate(steps, opts.warmup(), opts.repeats() + (opts.quick ? 0 : 10), opts.min_seconds(), 500);
+    const std::vector<compared_timing> compared =
+        compare_in_alternation(types, opts.warmup(), opts.repeats() + (opts.quick ? 0 : 10), opts.min_seconds(), 500);
     for (std::size_t i = 0; i < types.size(); ++i) {
         const auto& t = types[i];
-        const compared_timing compared = compare_to(seconds[0], seconds[i]);
-        const timing &time = compared.time, &ratio = compared.ratio;
+        const timing &time = compared[i].time, &ratio = compared[i].ratio;
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_step", time, 1e3);
         metrics["bytes_read"] = double(t.bytes);
         metrics["gbytes_per_s"] = double(t.bytes) / time.median / 1e9;
         metrics["read_gbytes_per_s"] = dram.gbytes_per_s;
         metrics["fraction_of_measured_bandwidth"] = double(t.bytes) / time.median / 1e9 / dram.gbytes_per_s;
-        metrics["speed_vs_fp16"] = compared.speed_vs_baseline;
+        metrics["speed_vs_fp16"] = compared[i].speed_vs_baseline;
         metrics["speed_vs_fp16_min"] = ratio.min;
         metrics["speed_vs_fp16_max"] = ratio.max;
         out.add({"element_types",

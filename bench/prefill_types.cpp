@@ -111,24 +111,21 @@ void compare_types(const options& opts, report& out, layout_kind layout, int pre
     types.push_back(prepared_in<float8_e5m2>(layout, prefix, chunk));
     types.push_back(prepared_in<qint8>(layout, prefix, chunk));
     types.push_back(prepared_in<qint4>(layout, prefix, chunk));
-    std::vector<std::function<double()>> steps;
-    for (const auto& t : types) steps.push_back(t.step);
-    const auto seconds = alternate(steps, opts.warmup(), opts.repeats(), opts.min_seconds(), 200);
+    const std::vector<compared_timing> compared =
+        compare_in_alternation(types, opts.warmup(), opts.repeats(), opts.min_seconds(), 200);
     const double flops = 4.0 * bench_heads::query_heads() * bench_heads::head_dim * keys_seen(layout, prefix, chunk);
     for (std::size_t i = 0; i < types.size(); ++i) {
-        const auto& t = types[i];
-        const compared_timing compared = compare_to(seconds[0], seconds[i]);
-        const timing &time = compared.time, &ratio = compared.ratio;
+        const timing &time = compared[i].time, &ratio = compared[i].ratio;
         nlohmann::json metrics;
         add_timing(metrics, "ms_per_chunk", time, 1e3);
         add_rate(metrics, "tokens_per_s", chunk, time);
         add_rate(metrics, "gflop_per_s", flops / 1e9, time);
         metrics["runs"] = time.runs;
-        metrics["speed_vs_fp16"] = compared.speed_vs_baseline;
+        metrics["speed_vs_fp16"] = compared[i].speed_vs_baseline;
         metrics["speed_vs_fp16_min"] = ratio.min;
         metrics["speed_vs_fp16_max"] = ratio.max;
         nlohmann::json params = {{"layout", to_string(layout)},
-                                 {"element", t.element.to_string()},
+                                 {"element", types[i].element.to_string()},
                                  {"chunk", chunk},
                                  {"prefix", prefix},
                                  {"batch", 1},

@@ -47,4 +47,17 @@ inline compared_timing compare_to(const std::vector<double>& baseline, const std
     return out;
 }
 
+/// alternate() over items that each hold a `step`, every item compared with the first.
+/// @tparam Item a type with a member `std::function<double()> step`
+template <class Item>
+std::vector<compared_timing> compare_in_alternation(const std::vector<Item>& items, int warmup, int rounds,
+                                                    double min_seconds, int max_rounds) {
+    std::vector<std::function<double()>> steps;
+    for (const auto& item : items) steps.push_back(item.step);
+    const auto seconds = alternate(steps, warmup, rounds, min_seconds, max_rounds);
+    std::vector<compared_timing> compared;
+    for (const auto& own : seconds) compared.push_back(compare_to(seconds[0], own));
+    return compared;
+}
+
 }  // namespace kvcache::bench

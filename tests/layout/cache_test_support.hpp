@@ -2,6 +2,7 @@
 // owner's whole observable state, to show a failed operation changed nothing.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -171,5 +172,21 @@ inline std::vector<int> iota(int n) {
     for (int i = 0; i < n; ++i) out[i] = i;
     return out;
 }
+
+/// Host memory whose streams are numbers, so a test policy deriving from it
+/// can record which stream a cache orders each copy on (CUDA streams on a
+/// device); the copies themselves are done on return.
+struct numbered_stream_memory : kvcache::host_memory {
+    using stream_type = int;
+    static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
+        kvcache::host_memory::copy_from_host(destination, source, bytes);
+    }
+    static void copy_to_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
+        kvcache::host_memory::copy_to_host(destination, source, bytes);
+    }
+    static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type) {
+        kvcache::host_memory::copy_within(destination, source, bytes);
+    }
+};
 
 }  // namespace test_support

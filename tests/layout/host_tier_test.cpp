@@ -1190,8 +1190,7 @@ namespace {
 /// Host memory whose streams are numbers and whose host-tier events and
 /// waits are recorded: shows what a device cache would wait for (CUDA events
 /// and streams there) without a GPU.
-struct event_memory : kvcache::host_memory {
-    using stream_type = int;
+struct event_memory : test_support::numbered_stream_memory {
     /// The stream of the event's last record; -1: never recorded.
     struct event_type {
         int stream = -1;
@@ -1225,12 +1224,6 @@ struct event_memory : kvcache::host_memory {
     static void copy_to_host_async(void* destination, const void* source, std::size_t bytes, int stream) {
         calls().push_back({"fill", stream, -1});
         kvcache::host_memory::copy_to_host(destination, source, bytes);
-    }
-    static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, int) {
-        kvcache::host_memory::copy_from_host(destination, source, bytes);
-    }
-    static void copy_within_async(void* destination, const void* source, std::size_t bytes, int) {
-        kvcache::host_memory::copy_within(destination, source, bytes);
     }
 };
 }  // namespace

@@ -170,8 +170,7 @@ TEST_CASE("between chains, the least recently used leaf goes first") {
 namespace {
 /// Host memory whose stream is a number and whose copies are recorded:
 /// shows which stream a cache orders each copy on (CUDA streams here).
-struct recording_memory : kvcache::host_memory {
-    using stream_type = int;
+struct recording_memory : test_support::numbered_stream_memory {
     struct copy {
         bool ordered;  ///< copy_within_async (on a stream) rather than copy_within
         int stream;    ///< the stream of an ordered copy
@@ -187,12 +186,6 @@ struct recording_memory : kvcache::host_memory {
     static void copy_within_async(void* destination, const void* source, std::size_t bytes, stream_type stream) {
         copies().push_back({true, stream});
         kvcache::host_memory::copy_within(destination, source, bytes);
-    }
-    static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
-        kvcache::host_memory::copy_from_host(destination, source, bytes);
-    }
-    static void copy_to_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
-        kvcache::host_memory::copy_to_host(destination, source, bytes);
     }
 };
 }  // namespace

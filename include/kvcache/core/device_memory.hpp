@@ -128,8 +128,8 @@ private:
 };
 
 /// A CUDA event (timing off), made when first recorded and destroyed with its
-/// owner; move-only. device_memory marks the copies into each host-tier page
-/// with one, so a reader of that page waits for those copies and no others.
+/// owner; move-only. device_memory marks each host-tier page's last copies in
+/// or out with one, so a reader or refill waits for those copies and no others.
 class cuda_event {
 public:
     cuda_event() noexcept = default;
@@ -202,7 +202,7 @@ struct device_memory {
     static void synchronize() { KVCACHE_CUDA_CHECK(cudaDeviceSynchronize()); }
     /// Waits for the work issued on one stream.
     static void synchronize(stream_type stream) { KVCACHE_CUDA_CHECK(cudaStreamSynchronize(stream)); }
-    /// What marks the end of a stream's copies into one host-tier page.
+    /// What marks the end of a stream's copies into or out of one host-tier page.
     using event_type = cuda_event;
     /// Records `event` after the work issued on the stream so far.
     static void record_event(event_type& event, stream_type stream) { event.record(stream); }

@@ -131,9 +131,9 @@ struct host_memory {
     static void synchronize() noexcept {}
     /// Waits for the copies issued on one stream (for host memory: nothing to wait for).
     static void synchronize(stream_type) noexcept {}
-    /// Marks where a stream's copies into one host-tier page end, so that a
-    /// reader of that page waits for those copies alone (for host memory:
-    /// nothing to mark, a copy is done when it returns).
+    /// Marks where a stream's copies into or out of one host-tier page end, so
+    /// a reader or refill of that page waits for those copies alone (for host
+    /// memory: nothing to mark, a copy is done when it returns).
     struct event_type {};
     /// Records `event` after the copies issued on the stream so far.
     /// @tparam Stream the policy's stream_type (a template, so a policy deriving from this one may change it)

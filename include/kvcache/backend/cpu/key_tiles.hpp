@@ -123,25 +123,33 @@ private:
 
 /// Asks the cache for every line of the tile's K and V rows t (a qint8
 /// row's scale included: its 4 bytes after the values may start a line of their own).
-template <int Dim, class Key, class Value>
+/// @tparam Into the cache the lines are asked into
+template <int Dim, prefetch_into Into, class Key, class Value>
 void prefetch_row(const key_tile<Key, Value>& tile, int t) {
     if constexpr (std::is_same_v<Key, Value>) {  // one loop: K and V lines in turn
         constexpr int line_elements = int(64 / sizeof(Key));
         for (int d = 0; d < row_elements<Key>(Dim); d += line_elements) {
-            prefetch(tile.keys[t] + d);
-            prefetch(tile.values[t] + d);
+            prefetch<Into>(tile.keys[t] + d);
+            prefetch<Into>(tile.values[t] + d);
         }
     } else {
-        for (int d = 0; d < row_elements<Key>(Dim); d += int(64 / sizeof(Key))) prefetch(tile.keys[t] + d);
-        for (int d = 0; d < row_elements<Value>(Dim); d += int(64 / sizeof(Value))) prefetch(tile.values[t] + d);
+        for (int d = 0; d < row_elements<Key>(Dim); d += int(64 / sizeof(Key))) prefetch<Into>(tile.keys[t] + d);
+        for (int d = 0; d < row_elements<Value>(Dim); d += int(64 / sizeof(Value))) prefetch<Into>(tile.values[t] + d);
     }
 }
 
 /// Asks the cache for every line of the tile's K and V rows at once.
-template <int Dim, class Key, class Value>
+/// @tparam Into the cache the lines are asked into
+template <int Dim, prefetch_into Into, class Key, class Value>
 void prefetch_tile(const key_tile<Key, Value>& tile) {
-    for (int t = 0; t < tile.count; ++t) prefetch_row<Dim>(tile, t);
+    for (int t = 0; t < tile.count; ++t) prefetch_row<Dim, Into>(tile, t);
 }
+
+/// Where decode asks for the rows of the tile after the one it computes:
+/// into L2. Decode reads each row once; asked into L1, the prefetches hold
+/// the L1 miss slots that the current tile's loads need (L1, L2 and L3
+/// compared in docs/performance.md, "Decode's prefetches into L2").
+inline constexpr prefetch_into decode_prefetch = prefetch_into::l2;
 
 /// True for a stored type whose rows carry their own scale (qint8): the
 /// kernels widen such rows unscaled and apply each row's scale once.
@@ -182,7 +190,7 @@ void tile_scores(const float* queries, const key_tile<Element, Value>& tile, int
     constexpr int step = std::max(1, std::min(4, vector_registers / 2 / Rows));
     for (int t = 0; t < keys; t += step) {
         if (ahead)
-            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_row<Dim>(*ahead, t + j);
+            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_row<Dim, decode_prefetch>(*ahead, t + j);
         vec accumulators[Rows][step];
         for (int r = 0; r < Rows; ++r)
             for (int j = 0; j < step; ++j) accumulators[r][j] = vec::zero();
@@ -280,7 +288,7 @@ void tile_scores_int8_dots(const std::int16_t* codes, const float* code_scales, 
     constexpr int step = 4;
     for (int t = 0; t < keys; t += step) {
         if (ahead)
-            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_row<Dim>(*ahead, t + j);
+            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_row<Dim, decode_prefetch>(*ahead, t + j);
         __m512i accumulators[Rows][step];
         for (int r = 0; r < Rows; ++r)
             for (int j = 0; j < step; ++j) accumulators[r][j] = _mm512_setzero_si512();
@@ -321,8 +329,10 @@ void tile_values(const float* weights, const float* rescale, const key_tile<Key,
     constexpr int chunks = Dim / vec::lanes;
     // Chunks per pass: as many as keep Rows x width sums within half the
     // registers (each weight is broadcast once per pass, so wider passes
-    // broadcast less); the int4 nibble-order loads come in pairs.
-    constexpr int width = chunks % 4 == 0 && Rows * 4 <= vector_registers / 2   ? 4
+    // broadcast less, and one pass reads a value row whole instead of in
+    // parts); the int4 nibble-order loads come in pairs.
+    constexpr int width = chunks % 8 == 0 && Rows * 8 <= vector_registers / 2   ? 8
+                          : chunks % 4 == 0 && Rows * 4 <= vector_registers / 2 ? 4
                           : chunks % 2 == 0 && Rows * 2 <= vector_registers / 2 ? 2
                                                                                  : 1;
     static_assert(!int4_nibble_order_v<Element, Dim> || width % 2 == 0, "nibble-order chunks load in pairs");

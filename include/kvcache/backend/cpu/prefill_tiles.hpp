@@ -243,13 +243,13 @@ public:
         tile tiles[ring];
         int filled = 0;
         while (filled < ring && next_seen(tiles[filled], slot_masks(filled))) {
-            if (filled > 0) prefetch_tile<Dim>(tiles[filled]);
+            if (filled > 0) prefetch_tile<Dim, prefetch_into::l1>(tiles[filled]);
             ++filled;
         }
         for (int current = 0; filled > 0; current = (current + 1) % ring, --filled) {
             fold(tiles[current], slot_masks(current), soft_cap, record);
             if (filled == ring && next_seen(tiles[current], slot_masks(current))) {
-                prefetch_tile<Dim>(tiles[current]);
+                prefetch_tile<Dim, prefetch_into::l1>(tiles[current]);
                 ++filled;
             }
         }

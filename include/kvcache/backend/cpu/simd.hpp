@@ -397,10 +397,16 @@ inline void dequantise_row(const qint4* row, float* out) noexcept {
 #endif
 }
 
+/// The cache a prefetch asks its line into (and the levels below it).
+enum class prefetch_into { l1, l2 };
+
 /// Hints the cache to fetch the line holding p (no effect where unsupported).
+/// @tparam Into the cache the line is asked into
+template <prefetch_into Into>
 inline void prefetch(const void* p) noexcept {
 #if defined(__GNUC__)
-    __builtin_prefetch(p, 0, 3);
+    if constexpr (Into == prefetch_into::l1) __builtin_prefetch(p, 0, 3);  // prefetcht0 on x86
+    else __builtin_prefetch(p, 0, 2);                                     // prefetcht1
 #else
     (void)p;
 #endif

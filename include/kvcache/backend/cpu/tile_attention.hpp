@@ -170,10 +170,10 @@ private:
                        .fill(following);
         };
         if (!next_seen(tiles[0], slot_masks(0))) {
-            if (next_walk_first()) prefetch_tile<Dim>(following);  // the next walk counts on it
+            if (next_walk_first()) prefetch_tile<Dim, decode_prefetch>(following);  // the next walk counts on it
             return;
         }
-        if (!links.first_tile_asked) prefetch_tile<Dim>(tiles[0]);
+        if (!links.first_tile_asked) prefetch_tile<Dim, decode_prefetch>(tiles[0]);
         for (int current = 0;; current ^= 1) {
             const int next = current ^ 1;
             const bool more = next_seen(tiles[next], slot_masks(next));

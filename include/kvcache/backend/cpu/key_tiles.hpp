@@ -121,28 +121,29 @@ private:
     int used_ = 0;
 };
 
-/// Asks the cache for every line of the tile's K and V rows t (a qint8
-/// row's scale included: its 4 bytes after the values may start a line of their own).
+/// Asks the cache for every line of the tile's K row t (a qint8 row's
+/// scale included: its 4 bytes after the values may start a line of their own).
 /// @tparam Into the cache the lines are asked into
 template <int Dim, prefetch_into Into, class Key, class Value>
-void prefetch_row(const key_tile<Key, Value>& tile, int t) {
-    if constexpr (std::is_same_v<Key, Value>) {  // one loop: K and V lines in turn
-        constexpr int line_elements = int(64 / sizeof(Key));
-        for (int d = 0; d < row_elements<Key>(Dim); d += line_elements) {
-            prefetch<Into>(tile.keys[t] + d);
-            prefetch<Into>(tile.values[t] + d);
-        }
-    } else {
-        for (int d = 0; d < row_elements<Key>(Dim); d += int(64 / sizeof(Key))) prefetch<Into>(tile.keys[t] + d);
-        for (int d = 0; d < row_elements<Value>(Dim); d += int(64 / sizeof(Value))) prefetch<Into>(tile.values[t] + d);
-    }
+void prefetch_key_row(const key_tile<Key, Value>& tile, int t) {
+    for (int d = 0; d < row_elements<Key>(Dim); d += int(64 / sizeof(Key))) prefetch<Into>(tile.keys[t] + d);
+}
+
+/// Asks the cache for every line of the tile's V row t (scale included, as above).
+/// @tparam Into the cache the lines are asked into
+template <int Dim, prefetch_into Into, class Key, class Value>
+void prefetch_value_row(const key_tile<Key, Value>& tile, int t) {
+    for (int d = 0; d < row_elements<Value>(Dim); d += int(64 / sizeof(Value))) prefetch<Into>(tile.values[t] + d);
 }
 
 /// Asks the cache for every line of the tile's K and V rows at once.
 /// @tparam Into the cache the lines are asked into
 template <int Dim, prefetch_into Into, class Key, class Value>
 void prefetch_tile(const key_tile<Key, Value>& tile) {
-    for (int t = 0; t < tile.count; ++t) prefetch_row<Dim, Into>(tile, t);
+    for (int t = 0; t < tile.count; ++t) {
+        prefetch_key_row<Dim, Into>(tile, t);
+        prefetch_value_row<Dim, Into>(tile, t);
+    }
 }
 
 /// Where decode asks for the rows of the tile after the one it computes:
@@ -177,9 +178,10 @@ void read_tile_scales(const key_tile<Key, Value>& tile, tile_scales& scales) noe
 /// first `keys` keys of the tile (a multiple of the key step). For a qint8
 /// tile the dot product of the unscaled row is multiplied by key_scales[t].
 /// ahead (nullable) is the tile computed next: each step asks memory for its
-/// K and V rows of the same slots, so the next tile's misses are spread over
-/// this tile's arithmetic (a whole tile asked at once fills the core's miss
-/// queue and stalls it, measured in docs/performance.md).
+/// K rows of the same slots (tile_values asks for the V rows), so the next
+/// tile's misses are spread over this tile's arithmetic (a whole tile asked
+/// at once fills the core's miss queue and stalls it, measured in
+/// docs/performance.md).
 /// @tparam Ahead the tile type of `ahead` (a widened tile's is its stored one)
 template <int Rows, int Dim, class Element, class Value, class Ahead = key_tile<Element, Value>>
 void tile_scores(const float* queries, const key_tile<Element, Value>& tile, int keys, float* scores,
@@ -190,7 +192,7 @@ void tile_scores(const float* queries, const key_tile<Element, Value>& tile, int
     constexpr int step = std::max(1, std::min(4, vector_registers / 2 / Rows));
     for (int t = 0; t < keys; t += step) {
         if (ahead)
-            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_row<Dim, decode_prefetch>(*ahead, t + j);
+            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_key_row<Dim, decode_prefetch>(*ahead, t + j);
         vec accumulators[Rows][step];
         for (int r = 0; r < Rows; ++r)
             for (int j = 0; j < step; ++j) accumulators[r][j] = vec::zero();
@@ -288,7 +290,7 @@ void tile_scores_int8_dots(const std::int16_t* codes, const float* code_scales, 
     constexpr int step = 4;
     for (int t = 0; t < keys; t += step) {
         if (ahead)
-            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_row<Dim, decode_prefetch>(*ahead, t + j);
+            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_key_row<Dim, decode_prefetch>(*ahead, t + j);
         __m512i accumulators[Rows][step];
         for (int r = 0; r < Rows; ++r)
             for (int j = 0; j < step; ++j) accumulators[r][j] = _mm512_setzero_si512();
@@ -322,9 +324,12 @@ void tile_scores_int8_dots(const std::int16_t* codes, const float* code_scales, 
 /// for Rows rows over the first `keys` keys of the tile. For a qint8 tile
 /// value_scales[t] folds into the weight, so the unscaled row is used as loaded.
 /// (Element: the value rows' stored type; the key rows' is not read.)
-template <int Rows, int Dim, class Key, class Element>
+/// ahead (nullable): the tile computed next, whose V rows the first pass
+/// asks memory for, one a key, as tile_scores asks for its K rows.
+/// @tparam Ahead the tile type of `ahead` (a widened tile's is its stored one)
+template <int Rows, int Dim, class Key, class Element, class Ahead = key_tile<Key, Element>>
 void tile_values(const float* weights, const float* rescale, const key_tile<Key, Element>& tile, int keys,
-                 float* accumulators, const float* value_scales = nullptr) {
+                 float* accumulators, const float* value_scales = nullptr, const Ahead* ahead = nullptr) {
     using vec = typename vector_for<Dim>::type;
     constexpr int chunks = Dim / vec::lanes;
     // Chunks per pass: as many as keep Rows x width sums within half the
@@ -343,6 +348,7 @@ void tile_values(const float* weights, const float* rescale, const key_tile<Key,
             for (int w = 0; w < width; ++w)
                 sums[r][w] = vec::load(accumulators + r * Dim + (c + w) * vec::lanes) * vec::broadcast(rescale[r]);
         for (int t = 0; t < keys; ++t) {
+            if (c == 0 && ahead && t < ahead->count) prefetch_value_row<Dim, decode_prefetch>(*ahead, t);
             vec v[width];
             if constexpr (int4_nibble_order_v<Element, Dim>) {
                 constexpr int chunks_per_group = qint4_group_size / vec::lanes;

@@ -354,7 +354,7 @@ private:
                 with_row_block(rows, [&](auto block) {
                     tile_values<decltype(block)::value, Dim>(all_scores + std::size_t(r0) * tile_keys, rescale() + r0,
                                                              tile, tile.count, accumulators() + std::size_t(r0) * Dim,
-                                                             scales.values);
+                                                             scales.values, r0 == 0 ? ahead : nullptr);
                 });
                 continue;
             }
@@ -365,7 +365,7 @@ private:
                 for (int t = 0; t < tile_keys; ++t) value_scales[t] = (unseen >> t) & 1u ? 0.0f : scales.values[t];
                 tile_values<1, Dim>(all_scores + std::size_t(r) * tile_keys, rescale() + r,
                                     with_zero_values<Dim>(tile, unseen), tile.count,
-                                    accumulators() + std::size_t(r) * Dim, value_scales);
+                                    accumulators() + std::size_t(r) * Dim, value_scales, r == 0 ? ahead : nullptr);
             }
         }
     }

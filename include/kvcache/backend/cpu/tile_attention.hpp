@@ -160,7 +160,7 @@ private:
             return false;
         };
         // Two tiles: the one computed now and the next, asked of memory
-        // while the current one is scored. The first is asked at once.
+        // while the current one is folded. The first is asked at once.
         tile tiles[decode_ring];
         tile following;  // the next walk's first tile, asked during this walk's last
         auto next_walk_first = [&] {
@@ -287,8 +287,8 @@ private:
     }
 
     /// One tile into every row that sees part of it: scores, mask and soft
-    /// cap, the online-softmax update, and the weighted values. ahead
-    /// (nullable): the tile folded next, asked of memory during the scores.
+    /// cap, the online-softmax update, and the weighted values. ahead (nullable):
+    /// the tile folded next, its K rows asked during the scores, its V rows during the values.
     template <class Key, class Value, class Ahead>
     void fold(const key_tile<Key, Value>& tile, const std::uint32_t* masks, float soft_cap, score_record* record,
               const Ahead* ahead) {

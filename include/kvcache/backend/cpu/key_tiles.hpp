@@ -164,28 +164,42 @@ struct tile_scales {
     float values[tile_keys];
 };
 
-/// Reads the scale stored after each of the tile's qint8 K rows and qint8 V
-/// rows (a side of another type keeps its scales unread).
+/// Reads the scale stored after each of the tile's qint8 K rows into
+/// scales.keys (K rows of another type keep theirs unread).
+template <int Dim, class Key, class Value>
+void read_key_scales(const key_tile<Key, Value>& tile, tile_scales& scales) noexcept {
+    if constexpr (has_row_scales_v<Key>)
+        for (int t = 0; t < tile_keys; ++t) scales.keys[t] = row_scale_of(tile.keys[t], Dim);
+}
+
+/// Reads the scale stored after each of the tile's qint8 V rows into scales.values.
+template <int Dim, class Key, class Value>
+void read_value_scales(const key_tile<Key, Value>& tile, tile_scales& scales) noexcept {
+    if constexpr (has_row_scales_v<Value>)
+        for (int t = 0; t < tile_keys; ++t) scales.values[t] = row_scale_of(tile.values[t], Dim);
+}
+
+/// Reads the scales of the tile's qint8 K rows and qint8 V rows.
 template <int Dim, class Key, class Value>
 void read_tile_scales(const key_tile<Key, Value>& tile, tile_scales& scales) noexcept {
-    for (int t = 0; t < tile_keys; ++t) {
-        if constexpr (has_row_scales_v<Key>) scales.keys[t] = row_scale_of(tile.keys[t], Dim);
-        if constexpr (has_row_scales_v<Value>) scales.values[t] = row_scale_of(tile.values[t], Dim);
-    }
+    read_key_scales<Dim>(tile, scales);
+    read_value_scales<Dim>(tile, scales);
 }
 
 /// scores[r][t] = q_r . k_t for Rows query rows (scaled already) and the
 /// first `keys` keys of the tile (a multiple of the key step). For a qint8
-/// tile the dot product of the unscaled row is multiplied by key_scales[t].
-/// ahead (nullable) is the tile computed next: each step asks memory for its
-/// K rows of the same slots (tile_values asks for the V rows), so the next
-/// tile's misses are spread over this tile's arithmetic (a whole tile asked
-/// at once fills the core's miss queue and stalls it, measured in
-/// docs/performance.md).
+/// tile the dot product of the unscaled row is multiplied by the row's
+/// scale, read as the step stores its scores (read for the whole tile
+/// before the step, the scales' lines stalled it while still in flight:
+/// docs/performance.md). ahead (nullable) is the tile computed next: each
+/// step asks memory for its K rows of the same slots (tile_values asks for
+/// the V rows), so the next tile's misses are spread over this tile's
+/// arithmetic (a whole tile asked at once fills the core's miss queue and
+/// stalls it, measured in docs/performance.md).
 /// @tparam Ahead the tile type of `ahead` (a widened tile's is its stored one)
 template <int Rows, int Dim, class Element, class Value, class Ahead = key_tile<Element, Value>>
 void tile_scores(const float* queries, const key_tile<Element, Value>& tile, int keys, float* scores,
-                 const float* key_scales = nullptr, const Ahead* ahead = nullptr) {
+                 const Ahead* ahead = nullptr) {
     using vec = typename vector_for<Dim>::type;
     constexpr int chunks = Dim / vec::lanes;
     // Keys per step: as many as keep Rows x step accumulators within half the registers.
@@ -220,18 +234,20 @@ void tile_scores(const float* queries, const key_tile<Element, Value>& tile, int
                 add_products(c, k);
             }
         }
+        [[maybe_unused]] float key_scales[step];
+        if constexpr (has_row_scales_v<Element>)
+            for (int j = 0; j < step; ++j) key_scales[j] = row_scale_of(tile.keys[t + j], Dim);
         if constexpr (step == 4) {
             for (int r = 0; r < Rows; ++r)
-                store_sums4(accumulators[r], has_row_scales_v<Element> ? key_scales + t : nullptr,
+                store_sums4(accumulators[r], has_row_scales_v<Element> ? key_scales : nullptr,
                             scores + r * tile_keys + t);
             continue;
         }
         for (int r = 0; r < Rows; ++r)
             for (int j = 0; j < step; ++j) {
                 if constexpr (has_row_scales_v<Element>) {
-                    scores[r * tile_keys + t + j] = sum(accumulators[r][j]) * key_scales[t + j];
+                    scores[r * tile_keys + t + j] = sum(accumulators[r][j]) * key_scales[j];
                 } else {
-                    (void)key_scales;
                     scores[r * tile_keys + t + j] = sum(accumulators[r][j]);
                 }
             }
@@ -277,15 +293,15 @@ bool quantise_query(const float* row, std::int16_t* codes, float& scale) noexcep
 
 /// tile_scores for int8 keys with 16-bit integer dot products
 /// (int8_key_dots_v): scores[r][t] = (codes_r . k_t) * code_scales[r] *
-/// key_scales[t], the products exact in 32-bit lanes, converted to float and
-/// summed as tile_scores sums. ahead as for tile_scores.
+/// the row's scale (read as tile_scores reads it), the products exact in
+/// 32-bit lanes, converted to float and summed as tile_scores sums. ahead as for tile_scores.
 /// @tparam Rows query rows (at most row_block)
 /// @tparam Dim head dimension
 /// @tparam Value the stored type of the tile's value rows (not read)
 /// @tparam Ahead the tile type of `ahead`
 template <int Rows, int Dim, class Value, class Ahead = key_tile<qint8, Value>>
 void tile_scores_int8_dots(const std::int16_t* codes, const float* code_scales, const key_tile<qint8, Value>& tile,
-                           int keys, float* scores, const float* key_scales, const Ahead* ahead = nullptr) {
+                           int keys, float* scores, const Ahead* ahead = nullptr) {
 #if KVCACHE_CPU_AVX512_VNNI
     constexpr int step = 4;
     for (int t = 0; t < keys; t += step) {
@@ -304,18 +320,20 @@ void tile_scores_int8_dots(const std::int16_t* codes, const float* code_scales, 
                 for (int j = 0; j < step; ++j) accumulators[r][j] = _mm512_dpwssd_epi32(accumulators[r][j], q, k[j]);
             }
         }
+        float key_scales[step];
+        for (int j = 0; j < step; ++j) key_scales[j] = row_scale_of(tile.keys[t + j], Dim);
         for (int r = 0; r < Rows; ++r) {
             float16 sums[step];
             float factors[step];
             for (int j = 0; j < step; ++j) {
                 sums[j] = {_mm512_maskz_cvtepi32_ps(0xffff, accumulators[r][j])};
-                factors[j] = key_scales[t + j] * code_scales[r];
+                factors[j] = key_scales[j] * code_scales[r];
             }
             store_sums4(sums, factors, scores + r * tile_keys + t);
         }
     }
 #else
-    (void)codes, (void)code_scales, (void)tile, (void)keys, (void)scores, (void)key_scales, (void)ahead;
+    (void)codes, (void)code_scales, (void)tile, (void)keys, (void)scores, (void)ahead;
     static_assert(Dim < 0, "16-bit dot products are an AVX-512 VNNI path (int8_key_dots_v)");
 #endif
 }

@@ -296,8 +296,11 @@ private:
         // Fixed-width steps over the tile: whole groups of 8 for the lane reductions.
         const int keys = (tile.count + 7) / 8 * 8;
         float* const all_scores = scores();
-        tile_scales scales;  // a qint8 side's row scales (unread otherwise)
-        if constexpr (has_row_scales_v<Key> || has_row_scales_v<Value>) read_tile_scales<Dim>(tile, scales);
+        // A qint8 V side's row scales, read after the softmax (the score
+        // steps read the K rows' own): the V rows were asked of memory last,
+        // and read before the scores they stalled the fold on lines still in
+        // flight (docs/performance.md).
+        tile_scales scales;
         for (int r0 = 0; r0 < rows_; r0 += row_block) {
             const int rows = std::min(row_block, rows_ - r0);
             if (!any_seen(masks + r0, rows)) continue;
@@ -309,12 +312,12 @@ private:
                     if (query_codes_usable_) {
                         tile_scores_int8_dots<decltype(block)::value, Dim>(
                             query_codes_.data() + std::size_t(r0) * Dim, query_code_scales_.data() + r0, tile, keys,
-                            all_scores + std::size_t(r0) * tile_keys, scales.keys, r0 == 0 ? ahead : nullptr);
+                            all_scores + std::size_t(r0) * tile_keys, r0 == 0 ? ahead : nullptr);
                         return;
                     }
                 }
                 tile_scores<decltype(block)::value, Dim>(queries() + std::size_t(r0) * Dim, tile, keys,
-                                                         all_scores + std::size_t(r0) * tile_keys, scales.keys,
+                                                         all_scores + std::size_t(r0) * tile_keys,
                                                          r0 == 0 ? ahead : nullptr);
             });
         }
@@ -340,6 +343,7 @@ private:
         }
         // The weights are relative to the running max just set (0 where a row saw nothing).
         if (record) record->add(tile.first_visible, tile.count, all_scores, tile_keys, 1, running_max());
+        read_value_scales<Dim>(tile, scales);
         // NaN or infinite value rows of a tile some row sees in part (non_finite_rows.hpp).
         const std::uint32_t full = full_tile_mask(tile.count);
         bool partly_seen = false;

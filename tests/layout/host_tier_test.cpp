@@ -1342,3 +1342,69 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     CHECK(event_memory::count("device") == 0);
     check_tokens(swapped, swapped_tokens);
 }
+
+TEST_CASE("a pool page written straight to disk waits for its plan's stream, not for every stream") {
+    using event_cache = kvcache::paged_cache<float, heads, event_memory>;
+    const std::string directory = fresh_directory("straight_to_disk");
+    event_cache cache(layers, 3, page, true);
+    cache.attach_host_tier(1);
+    cache.attach_disk_tier(directory, 4);
+    const auto write_tokens = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int first) {
+        for (int l = 0; l < layers; ++l) {
+            const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
+            cache.write(id, l, first, keys, values, static_cast<int>(tokens.size()));
+        }
+    };
+    const auto cache_prompt = [&](const std::vector<std::int32_t>& tokens) {  // one page, left cached in the pool
+        const auto id = cache.add_sequence();
+        write_tokens(id, tokens, cache.begin_append(id, static_cast<int>(tokens.size()), tokens));
+        cache.remove_sequence(id);
+    };
+    // A swapped sequence holds the tier's only page, so an evicted prefix page goes straight to disk.
+    const auto swapped = cache.add_sequence();
+    write_tokens(swapped, tokens_from(500, page), cache.begin_append(swapped, page));
+    cache.clear_prefix_cache();
+    cache.swap_out(swapped);
+    const auto first = tokens_from(100, page), second = tokens_from(200, page);
+
+    // A plan on stream 7 evicts the first prompt's page: the rows are read
+    // once stream 7's work is done (work on it is ordered after the page's
+    // writers: it is about to write the page), without waiting for every stream.
+    cache_prompt(first);
+    auto& calls = event_memory::calls();
+    calls.clear();
+    {
+        const auto filler = cache.add_sequence();
+        (void)cache.plan({filler}, {3 * page}, 7);
+        cache.remove_sequence(filler);
+    }
+    CHECK(cache.statistics().pages_written_to_disk == 1);
+    CHECK(event_memory::count("stream", 7, -1) == 1);
+    CHECK(event_memory::count("device") == 0);
+
+    // Without a stream any plan's may still be writing the page: every stream is waited for.
+    cache_prompt(second);
+    calls.clear();
+    {
+        const auto filler = cache.add_sequence();
+        cache.begin_append(filler, 3 * page);
+        cache.remove_sequence(filler);
+    }
+    CHECK(cache.statistics().pages_written_to_disk == 2);
+    CHECK(event_memory::count("device") == 1);
+
+    // Both pages come back from their files as they were written.
+    for (const auto& tokens : {first, second}) {
+        const auto id = cache.add_sequence();
+        CHECK(cache.match_prefix(id, tokens) == page);
+        for (int l = 0; l < layers; ++l) {
+            std::vector<float> keys(tokens.size() * row), values(keys.size());
+            cache.read(id, l, 0, static_cast<int>(tokens.size()), keys, values);
+            CHECK(keys == rows_of(tokens, 0, l, false));
+            CHECK(values == rows_of(tokens, 0, l, true));
+        }
+        cache.remove_sequence(id);
+    }
+    CHECK(cache.statistics().disk_prefix_hit_pages == 2);
+    cache.swap_in(swapped);
+}

@@ -733,7 +733,7 @@ private:
         const std::uint64_t hash = pool_.hash_of(victim), parent = pool_.parent_of(victim);
         if (tier_.find(hash, parent, tokens.data(), static_cast<int>(tokens.size())) >= 0) return;  // spilled before
         if (tier_.available() == 0) {
-            if (disk_.size() > 0) spill_pool_page_to_disk(victim, hash, parent, tokens);
+            if (disk_.size() > 0) spill_pool_page_to_disk(victim, hash, parent, tokens, stream);
             return;
         }
         const int host = allocate_host_page();
@@ -777,11 +777,19 @@ private:
     }
 
     /// Writes pool page `victim` to the disk tier as token-major rows (the
-    /// host tier had no page to give). Waits for the pool's pending writes.
+    /// host tier had no page to give), once the writes that may be pending
+    /// on its rows are done: with a stream, that stream's work (the page is
+    /// being handed to work on it, which must be ordered after whatever
+    /// wrote the page, or its own writes would race them); without one,
+    /// every stream's, as any plan's may still be writing them.
     void spill_pool_page_to_disk(int victim, std::uint64_t hash, std::uint64_t parent,
-                                 const std::vector<std::int32_t>& tokens) {
+                                 const std::vector<std::int32_t>& tokens,
+                                 std::optional<typename Memory::stream_type> stream) {
         if (disk_.contains(hash, parent, tokens.data(), static_cast<int>(tokens.size()))) return;
-        Memory::synchronize();  // a plan's stream may still be writing the page's rows
+        if (stream)
+            Memory::synchronize(*stream);
+        else
+            Memory::synchronize();
         typename detail::disk_tier<Element>::key_rows keys(layers_);
         typename detail::disk_tier<Element>::value_rows values(layers_);
         for (int l = 0; l < layers_; ++l) {

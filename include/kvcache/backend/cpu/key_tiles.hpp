@@ -164,26 +164,21 @@ struct tile_scales {
     float values[tile_keys];
 };
 
-/// Reads the scale stored after each of the tile's qint8 K rows into
-/// scales.keys (K rows of another type keep theirs unread).
-template <int Dim, class Key, class Value>
-void read_key_scales(const key_tile<Key, Value>& tile, tile_scales& scales) noexcept {
-    if constexpr (has_row_scales_v<Key>)
-        for (int t = 0; t < tile_keys; ++t) scales.keys[t] = row_scale_of(tile.keys[t], Dim);
+/// Reads the scale stored after each of rows[first], .., rows[first + count - 1]
+/// into scales (rows of a type without row scales are not read).
+/// @tparam Dim head dimension
+/// @tparam Element the rows' stored element type
+template <int Dim, class Element>
+void read_row_scales(const Element* const* rows, int first, int count, float* scales) noexcept {
+    if constexpr (has_row_scales_v<Element>)
+        for (int t = 0; t < count; ++t) scales[t] = row_scale_of(rows[first + t], Dim);
 }
 
-/// Reads the scale stored after each of the tile's qint8 V rows into scales.values.
-template <int Dim, class Key, class Value>
-void read_value_scales(const key_tile<Key, Value>& tile, tile_scales& scales) noexcept {
-    if constexpr (has_row_scales_v<Value>)
-        for (int t = 0; t < tile_keys; ++t) scales.values[t] = row_scale_of(tile.values[t], Dim);
-}
-
-/// Reads the scales of the tile's qint8 K rows and qint8 V rows.
+/// Reads the scales of the tile's qint8 K rows and qint8 V rows, every slot.
 template <int Dim, class Key, class Value>
 void read_tile_scales(const key_tile<Key, Value>& tile, tile_scales& scales) noexcept {
-    read_key_scales<Dim>(tile, scales);
-    read_value_scales<Dim>(tile, scales);
+    read_row_scales<Dim>(tile.keys, 0, tile_keys, scales.keys);
+    read_row_scales<Dim>(tile.values, 0, tile_keys, scales.values);
 }
 
 /// scores[r][t] = q_r . k_t for Rows query rows (scaled already) and the
@@ -235,8 +230,7 @@ void tile_scores(const float* queries, const key_tile<Element, Value>& tile, int
             }
         }
         [[maybe_unused]] float key_scales[step];
-        if constexpr (has_row_scales_v<Element>)
-            for (int j = 0; j < step; ++j) key_scales[j] = row_scale_of(tile.keys[t + j], Dim);
+        read_row_scales<Dim>(tile.keys, t, step, key_scales);
         if constexpr (step == 4) {
             for (int r = 0; r < Rows; ++r)
                 store_sums4(accumulators[r], has_row_scales_v<Element> ? key_scales : nullptr,
@@ -321,7 +315,7 @@ void tile_scores_int8_dots(const std::int16_t* codes, const float* code_scales, 
             }
         }
         float key_scales[step];
-        for (int j = 0; j < step; ++j) key_scales[j] = row_scale_of(tile.keys[t + j], Dim);
+        read_row_scales<Dim>(tile.keys, t, step, key_scales);
         for (int r = 0; r < Rows; ++r) {
             float16 sums[step];
             float factors[step];

@@ -300,7 +300,7 @@ private:
         // steps read the K rows' own): the V rows were asked of memory last,
         // and read before the scores they stalled the fold on lines still in
         // flight (docs/performance.md).
-        tile_scales scales;
+        [[maybe_unused]] float value_scales[tile_keys];
         for (int r0 = 0; r0 < rows_; r0 += row_block) {
             const int rows = std::min(row_block, rows_ - r0);
             if (!any_seen(masks + r0, rows)) continue;
@@ -343,7 +343,7 @@ private:
         }
         // The weights are relative to the running max just set (0 where a row saw nothing).
         if (record) record->add(tile.first_visible, tile.count, all_scores, tile_keys, 1, running_max());
-        read_value_scales<Dim>(tile, scales);
+        read_row_scales<Dim>(tile.values, 0, tile_keys, value_scales);
         // NaN or infinite value rows of a tile some row sees in part (non_finite_rows.hpp).
         const std::uint32_t full = full_tile_mask(tile.count);
         bool partly_seen = false;
@@ -358,18 +358,19 @@ private:
                 with_row_block(rows, [&](auto block) {
                     tile_values<decltype(block)::value, Dim>(all_scores + std::size_t(r0) * tile_keys, rescale() + r0,
                                                              tile, tile.count, accumulators() + std::size_t(r0) * Dim,
-                                                             scales.values, r0 == 0 ? ahead : nullptr);
+                                                             value_scales, r0 == 0 ? ahead : nullptr);
                 });
                 continue;
             }
             // Row by row, each reading zeros in place of the rows it does not see.
             for (int r = r0; r < r0 + rows; ++r) {
                 const std::uint32_t unseen = non_finite & ~masks[r];
-                float value_scales[tile_keys];
-                for (int t = 0; t < tile_keys; ++t) value_scales[t] = (unseen >> t) & 1u ? 0.0f : scales.values[t];
+                [[maybe_unused]] float row_value_scales[tile_keys];
+                if constexpr (has_row_scales_v<Value>)
+                    for (int t = 0; t < tile_keys; ++t) row_value_scales[t] = (unseen >> t) & 1u ? 0.0f : value_scales[t];
                 tile_values<1, Dim>(all_scores + std::size_t(r) * tile_keys, rescale() + r,
                                     with_zero_values<Dim>(tile, unseen), tile.count,
-                                    accumulators() + std::size_t(r) * Dim, value_scales, r == 0 ? ahead : nullptr);
+                                    accumulators() + std::size_t(r) * Dim, row_value_scales, r == 0 ? ahead : nullptr);
             }
         }
     }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvcache/backend/cpu/isa.hpp"
+#include "kvcache/backend/cpu/key_dots.hpp"
 #include "kvcache/backend/cpu/key_tiles.hpp"
 #include "kvcache/backend/cpu/non_finite_rows.hpp"
 #include "kvcache/backend/cpu/row_math.hpp"

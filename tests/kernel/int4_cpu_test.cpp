@@ -19,6 +19,7 @@
 #include "kvcache/cache/contiguous_cache.hpp"
 #include "kvcache/cache/paged_cache.hpp"
 #include "kvcache/cache/sliding_window_cache.hpp"
+#include "support/scored_queries.hpp"
 #include "support/storage_owners.hpp"
 
 using namespace kvcache;
@@ -130,7 +131,7 @@ void check_owner(MakeCache make, MakeFloatCache make_float, const std::string& n
     // Runs one pass (decode or prefill) on the CPU and the reference over the
     // int4 rows, and the reference over the floats, then compares.
     auto compare = [&](auto make_params, const std::vector<float>& q, std::size_t lse_rows, double score_bound,
-                       const std::string& what) {
+                       const std::string& what, const std::vector<float>& scored = {}) {
         std::vector<float> out(q.size()), on_cache(out.size()), on_floats(out.size());
         std::vector<float> lse(lse_rows), lse_on_cache(lse_rows);
         std::vector<float> scores(lengths.size() * kv * score_stride), scores_on_cache(scores.size());
@@ -139,7 +140,7 @@ void check_owner(MakeCache make, MakeFloatCache make_float, const std::string& n
         p.scores = scores;
         p.score_stride = score_stride;
         run(cpu, p);
-        auto r = make_params(plan, q, on_cache);
+        auto r = make_params(plan, scored.empty() ? q : scored, on_cache);
         r.lse = lse_on_cache;
         r.scores = scores_on_cache;
         r.score_stride = score_stride;
@@ -155,7 +156,10 @@ void check_owner(MakeCache make, MakeFloatCache make_float, const std::string& n
     };
     compare([](auto& on, const std::vector<float>& q, std::vector<float>& out) {
         return decode_params(on.view(layer), span<const float>(q), span<float>(out));
-    }, decode_queries, lengths.size() * qh, 1e-5, "decode");
+    }, decode_queries, lengths.size() * qh, 1e-5, "decode",
+       // The reference on the queries as the CPU scores them (rounded to
+       // 16-bit codes where its build scores int4 keys so: scored_queries.hpp).
+       kvcache_test::scored_queries<cpu_backend>::of<qint4, dim>(decode_queries, 1.0f / std::sqrt(float(dim)), qh / kv));
     // Prefill: every appended token queries the cache, causally; its scores are
     // summed over up to 41 query tokens x the group, float against double.
     compare([](auto& on, const std::vector<float>& q, std::vector<float>& out) {
@@ -182,6 +186,7 @@ TEST_CASE("int4 caches on the CPU: GQA, every layout, against the reference on t
 
 TEST_CASE("int4 caches on the CPU: MHA and MQA, every layout, against the reference on the stored rows") {
     check_every_owner<head_config<4, 4, 40>>();   // MHA
+    check_every_owner<head_config<4, 4, 128>>();  // MHA at 128: one row a walk, integer K dots on VNNI builds
     check_every_owner<head_config<12, 1, 64>>();  // MQA, a group of 12: three row blocks per tile
     check_every_owner<head_config<2, 2, 8>>();    // the smallest head the CPU takes: one short group
 }
@@ -236,4 +241,48 @@ TEST_CASE("int4 caches on the CPU: constant groups read back exactly and a NaN r
             prefill_params(plan.view(0), span<const float>(queries), plan.new_token_offsets(), span<float>(expected)));
         compare(out, expected, "prefill");
     }
+}
+
+/// Checks quantise_query_int4_dots at head dim Dim against quantise_query:
+/// the same step; word p of code vector v holds the code of the value whose
+/// code byte the kernel's load puts there (D = 64: byte p of the row in order;
+/// D = 128: the row's 64-bit words 0, 2, 4, 6 then 1, 3, 5, 7 for vectors 0
+/// and 1), low nibbles (even d) in the first 32 words, high (odd d) in the
+/// next; minimum weights: the codes' sum over group g at 2g + 1, zero elsewhere.
+template <int Dim>
+void check_int4_query_codes(const std::vector<float>& row) {
+    std::int16_t in_order[Dim], codes[Dim];
+    float step = -1.0f, step_int4 = -2.0f, weights[16];
+    REQUIRE(cpu::detail::quantise_query<Dim>(row.data(), in_order, step));
+    REQUIRE(cpu::detail::quantise_query_int4_dots<Dim>(row.data(), codes, weights, step_int4));
+    CHECK(step_int4 == step);
+    std::vector<int> seen(Dim, 0);
+    for (int v = 0; v < Dim / 64; ++v)
+        for (int p = 0; p < 32; ++p) {
+            const int byte = Dim == 64 ? p : (2 * (p / 8) + v) * 8 + p % 8;  // where the load puts the row's bytes
+            CHECK(codes[v * 64 + p] == in_order[2 * byte]);
+            CHECK(codes[v * 64 + 32 + p] == in_order[2 * byte + 1]);
+            ++seen[2 * byte];
+            ++seen[2 * byte + 1];
+            CHECK(2 * byte / qint4_group_size == (p / 2) / (16 / (Dim / qint4_group_size)));  // one group a 32-bit lane
+        }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    for (int lane = 0; lane < 16; ++lane) {
+        double expected = 0.0;
+        if (lane % 2 == 1 && lane / 2 < Dim / qint4_group_size)
+            for (int d = lane / 2 * qint4_group_size; d < (lane / 2 + 1) * qint4_group_size; ++d) expected += in_order[d];
+        CHECK(weights[lane] == expected);
+    }
+}
+
+TEST_CASE("int4 query codes: the 16-bit codes in the order of the kernel's loads, the minima weighted by their sums") {
+    std::vector<float> row = random_rows(128, 51);
+    row[77] = -9.0f;  // a largest |value| that is negative
+    check_int4_query_codes<128>(row);
+    check_int4_query_codes<64>(std::vector<float>(row.begin(), row.begin() + 64));
+    // Not finite: refused, so the walk scores in float.
+    row[3] = std::nanf("");
+    std::int16_t codes[128];
+    float step = 0.0f, weights[16];
+    CHECK_FALSE(cpu::detail::quantise_query_int4_dots<128>(row.data(), codes, weights, step));
 }

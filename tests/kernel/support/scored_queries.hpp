@@ -1,11 +1,13 @@
 // The queries as a backend's decode scores them. The CPU backend's AVX-512
-// VNNI builds score int8 keys with the queries rounded to 16-bit codes
-// (backend/cpu/key_tiles.hpp, quantise_query): a logit may move by up to half
+// VNNI builds score int8 keys, and int4 keys at head dims 64 and 128, with the
+// queries rounded to 16-bit codes (backend/cpu/key_tiles.hpp, quantise_query;
+// int4 scores are exactly those of the rounded rows): a logit may move by up to half
 // a code step times the key's 1-norm, about 1e-3 at the tests' sizes in the
 // worst case, far past the kernels' 1e-5. So the reference of such a test is
 // given the rounded queries: the comparison keeps measuring the kernel's own
 // rounding at the usual bounds, and the codes are tested on their own
-// (int8_cpu_test.cpp, "16-bit query codes"). The CPU specialisation lives here,
+// (int8_cpu_test.cpp, "16-bit query codes"; int4_cpu_test.cpp, "int4 query
+// codes"). The CPU specialisation lives here,
 // beside the primary template, so no test unit can see one without the other.
 #pragma once
 
@@ -40,16 +42,20 @@ struct scored_queries {
 /// (cpu::detail::int8_key_dots_v), the queries rounded as its decode rounds
 /// them: every row but the one of a one-row block (a group of row_block x k + 1
 /// rows ends in one; MHA's groups are one row), which it scores in float.
+/// Where it scores int4 keys so (int4_key_dots_v), every row.
 template <>
 struct scored_queries<kvcache::cpu_backend> {
     template <class Element, int Dim, class Query>
     static std::vector<float> of(const std::vector<Query>& queries, float softmax_scale, int group) {
+        using kvcache::cpu::detail::int4_key_dots_v;
         using kvcache::cpu::detail::int8_key_dots_v;
-        if constexpr (int8_key_dots_v<kvcache::key_element_t<Element>, Dim>) {
+        using key = kvcache::key_element_t<Element>;
+        if constexpr (int8_key_dots_v<key, Dim> || int4_key_dots_v<key, Dim>) {
             std::vector<float> scored(queries.size());
             for (std::size_t row = 0; row + Dim <= queries.size(); row += Dim) {
                 const int in_group = int(row / Dim % std::size_t(group));
-                if (group % kvcache::cpu::detail::row_block == 1 && in_group == group - 1) {  // a one-row block
+                if (int8_key_dots_v<key, Dim> && group % kvcache::cpu::detail::row_block == 1 &&
+                    in_group == group - 1) {  // a one-row block
                     for (int d = 0; d < Dim; ++d) scored[row + d] = kvcache::to_float(queries[row + d]);
                     continue;
                 }

@@ -98,9 +98,11 @@ public:
             if (!accumulators_in_nibble_order_) reorder_rows(accumulators(), /*to_nibble_order=*/true);
             accumulators_in_nibble_order_ = true;
         }
-        // One row (MHA) is scored in float (see fold): no codes to take.
+        // int8 keys: one row (MHA) is scored in float (see fold), no codes to take.
         if constexpr (int8_key_dots_v<typename tile::key_type, Dim>)
-            if (rows_ > 1 && !query_codes_current_) quantise_queries();
+            if (rows_ > 1 && !query_codes_current_) quantise_queries<typename tile::key_type>();
+        if constexpr (int4_key_dots_v<typename tile::key_type, Dim>)
+            if (!query_codes_current_) quantise_queries<typename tile::key_type>();
         walk(view, sequence, kv_head, begin, end, soft_cap, record, links);
     }
 
@@ -196,16 +198,29 @@ private:
         }
     }
 
-    /// Rounds every query row to 16-bit codes for int8 keys' integer dot
-    /// products (int8_key_dots_v); a row that is not finite makes the walks
-    /// score in float instead.
+    /// Rounds every query row to 16-bit codes for int8 or int4 keys' integer
+    /// dot products (int8_key_dots_v, int4_key_dots_v); a row that is not
+    /// finite makes the walks score in float instead.
+    /// @tparam Key the stored element type of the key rows
+    template <class Key>
     void quantise_queries() {
         query_codes_.resize(std::size_t(rows_) * Dim);
         query_code_scales_.resize(std::size_t(rows_));
         query_codes_usable_ = true;
-        for (int r = 0; r < rows_ && query_codes_usable_; ++r)
-            query_codes_usable_ = quantise_query<Dim>(queries() + std::size_t(r) * Dim,
-                                                      query_codes_.data() + std::size_t(r) * Dim, query_code_scales_[r]);
+        for (int r = 0; r < rows_ && query_codes_usable_; ++r) {
+            const float* row = queries() + std::size_t(r) * Dim;
+            std::int16_t* const codes = query_codes_.data() + std::size_t(r) * Dim;
+            if constexpr (int4_key_dots_v<Key, Dim>) {
+                query_minimum_weights_.resize(std::size_t(rows_) * 16);
+                float in_order[Dim];  // the codes' own order starts from d order, not nibble order
+                std::copy(row, row + Dim, in_order);
+                if (queries_in_nibble_order_) reorder_row(in_order, /*to_nibble_order=*/false);
+                query_codes_usable_ = quantise_query_int4_dots<Dim>(
+                    in_order, codes, query_minimum_weights_.data() + std::size_t(r) * 16, query_code_scales_[r]);
+            } else {
+                query_codes_usable_ = quantise_query<Dim>(row, codes, query_code_scales_[r]);
+            }
+        }
         query_codes_current_ = true;
     }
 
@@ -317,6 +332,18 @@ private:
                         return;
                     }
                 }
+                // int4 keys: every row count, MHA's one included (0.82x at 16K
+                // cold, docs/performance.md): the float step converts each
+                // code and applies its group's scale and minimum for one row.
+                if constexpr (int4_key_dots_v<Key, Dim>) {
+                    if (query_codes_usable_) {
+                        tile_scores_int4_dots<decltype(block)::value, Dim>(
+                            query_codes_.data() + std::size_t(r0) * Dim, query_code_scales_.data() + r0,
+                            query_minimum_weights_.data() + std::size_t(r0) * 16, tile, keys,
+                            all_scores + std::size_t(r0) * tile_keys, r0 == 0 ? ahead : nullptr);
+                        return;
+                    }
+                }
                 tile_scores<decltype(block)::value, Dim>(queries() + std::size_t(r0) * Dim, tile, keys,
                                                          all_scores + std::size_t(r0) * tile_keys,
                                                          r0 == 0 ? ahead : nullptr);
@@ -389,7 +416,8 @@ private:
     std::vector<float> widened_;        ///< [2][tile_keys][Dim] float copies of a binary16 tile's K and V rows
     bool queries_in_nibble_order_ = false;       ///< set by the first walk over int4 keys
     bool accumulators_in_nibble_order_ = false;  ///< set by the first walk over int4 values
-    std::vector<std::int16_t> query_codes_;       ///< [rows][Dim] 16-bit query codes (int8 keys' dot products)
+    std::vector<std::int16_t> query_codes_;       ///< [rows][Dim] 16-bit query codes (int8 and int4 keys' dot products)
+    std::vector<float> query_minimum_weights_;    ///< [rows][16] int4 keys' group minima weights (quantise_query_int4_dots)
     std::vector<float> query_code_scales_;        ///< [rows] their scales
     bool query_codes_current_ = false;            ///< the codes are those of the rows loaded now
     bool query_codes_usable_ = false;             ///< every row was finite when they were taken

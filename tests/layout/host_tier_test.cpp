@@ -1228,37 +1228,46 @@ struct event_memory : test_support::numbered_stream_memory {
 };
 }  // namespace
 
+namespace {
+using event_cache = kvcache::paged_cache<float, heads, event_memory>;
+
+/// Writes the rows of `tokens` (rows_of) from position `first` on, in every layer.
+void write_tokens(event_cache& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int first) {
+    for (int l = 0; l < layers; ++l) {
+        const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
+        cache.write(id, l, first, keys, values, static_cast<int>(tokens.size()));
+    }
+}
+
+/// One page of tokens, written and left cached in the pool.
+void cache_prompt(event_cache& cache, const std::vector<std::int32_t>& tokens) {
+    const auto id = cache.add_sequence();
+    write_tokens(cache, id, tokens, cache.begin_append(id, static_cast<int>(tokens.size()), tokens));
+    cache.remove_sequence(id);
+}
+
+/// Checks that the sequence reads back the rows of `tokens` in every layer.
+void check_tokens(event_cache& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+    for (int l = 0; l < layers; ++l) {
+        std::vector<float> keys(tokens.size() * row), values(keys.size());
+        cache.read(id, l, 0, static_cast<int>(tokens.size()), keys, values);
+        CHECK(keys == rows_of(tokens, 0, l, false));
+        CHECK(values == rows_of(tokens, 0, l, true));
+    }
+}
+}  // namespace
+
 TEST_CASE("a host-tier page's reader waits for the copies that filled it, never for every stream") {
-    using event_cache = kvcache::paged_cache<float, heads, event_memory>;
     const std::string directory = fresh_directory("events");
     event_cache cache(layers, 3, page, true);
     cache.attach_host_tier(2);
     cache.attach_disk_tier(directory, 4);
-    const auto write_tokens = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int first) {
-        for (int l = 0; l < layers; ++l) {
-            const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
-            cache.write(id, l, first, keys, values, static_cast<int>(tokens.size()));
-        }
-    };
-    const auto cache_prompt = [&](const std::vector<std::int32_t>& tokens) {  // one page, left cached in the pool
-        const auto id = cache.add_sequence();
-        write_tokens(id, tokens, cache.begin_append(id, static_cast<int>(tokens.size()), tokens));
-        cache.remove_sequence(id);
-    };
-    const auto check_tokens = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
-        for (int l = 0; l < layers; ++l) {
-            std::vector<float> keys(tokens.size() * row), values(keys.size());
-            cache.read(id, l, 0, static_cast<int>(tokens.size()), keys, values);
-            CHECK(keys == rows_of(tokens, 0, l, false));
-            CHECK(values == rows_of(tokens, 0, l, true));
-        }
-    };
     auto& calls = event_memory::calls();
     const auto first = tokens_from(100, page), second = tokens_from(200, page), third = tokens_from(300, page);
 
     // A plan on stream 7 evicts the first prompt's page: its spill is filled
     // on stream 7, after whatever filled that host page before, and marked.
-    cache_prompt(first);
+    cache_prompt(cache, first);
     calls.clear();
     {
         const auto filler = cache.add_sequence();
@@ -1271,7 +1280,7 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     CHECK(event_memory::count("device") == 0);
 
     // The second prompt spills without a stream (begin_append): a copy done on return.
-    cache_prompt(second);
+    cache_prompt(cache, second);
     {
         const auto filler = cache.add_sequence();
         cache.begin_append(filler, 3 * page);
@@ -1280,7 +1289,7 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     // The third, on stream 8, takes the tier's least recently spilled page,
     // the first prompt's: it goes to a file once stream 7's copies into it
     // are done, and the new fill waits for them on stream 8, not on the host.
-    cache_prompt(third);
+    cache_prompt(cache, third);
     calls.clear();
     {
         const auto filler = cache.add_sequence();
@@ -1304,13 +1313,13 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     CHECK(event_memory::count("record", 9, 9) == 1);
     CHECK(event_memory::count("stream") == 0);
     CHECK(event_memory::count("device") == 0);
-    check_tokens(again, third);
+    check_tokens(cache, again, third);
     calls.clear();
     const auto from_disk = cache.add_sequence();
     CHECK(cache.match_prefix(from_disk, first) == page);
     CHECK(cache.statistics().disk_prefix_hit_pages == 1);
     CHECK(event_memory::count("stream", 0, -1) == 1);
-    check_tokens(from_disk, first);
+    check_tokens(cache, from_disk, first);
     cache.remove_sequence(again);
     cache.remove_sequence(from_disk);
 
@@ -1318,19 +1327,19 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     // 5's copies into its pages, and swapped back in on stream 6 after them.
     const auto swapped = cache.add_sequence();
     const auto swapped_tokens = tokens_from(400, page + 1);
-    write_tokens(swapped, swapped_tokens, cache.begin_append(swapped, page + 1));
+    write_tokens(cache, swapped, swapped_tokens, cache.begin_append(swapped, page + 1));
     cache.clear_prefix_cache();  // no pool twins: both pages are copied
     calls.clear();
     cache.swap_out(swapped, 5);
     CHECK(event_memory::count("record", 5, 5) == 2);
-    check_tokens(swapped, swapped_tokens);
+    check_tokens(cache, swapped, swapped_tokens);
     CHECK(event_memory::count("wait", -1, 5) == 2 * layers);  // each layer's read waits for both pages
     cache.swap_in(swapped, 6);
     CHECK(event_memory::count("order", 6, 5) == 2);
     CHECK(event_memory::count("record", 6, 6) == 2);
     CHECK(event_memory::count("stream") == 0);  // returned with the copies in flight
     CHECK(event_memory::count("device") == 0);
-    check_tokens(swapped, swapped_tokens);
+    check_tokens(cache, swapped, swapped_tokens);
     // Swapped out again on stream 11, into the two host pages swap_in just
     // released: the new fills wait, on stream 11, for stream 6's copies out.
     calls.clear();
@@ -1340,29 +1349,17 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     cache.swap_in(swapped);  // no stream: waits for its copies
     CHECK(event_memory::count("stream", 0, -1) == 1);
     CHECK(event_memory::count("device") == 0);
-    check_tokens(swapped, swapped_tokens);
+    check_tokens(cache, swapped, swapped_tokens);
 }
 
 TEST_CASE("a pool page written straight to disk waits for its plan's stream, not for every stream") {
-    using event_cache = kvcache::paged_cache<float, heads, event_memory>;
     const std::string directory = fresh_directory("straight_to_disk");
     event_cache cache(layers, 3, page, true);
     cache.attach_host_tier(1);
     cache.attach_disk_tier(directory, 4);
-    const auto write_tokens = [&](kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int first) {
-        for (int l = 0; l < layers; ++l) {
-            const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
-            cache.write(id, l, first, keys, values, static_cast<int>(tokens.size()));
-        }
-    };
-    const auto cache_prompt = [&](const std::vector<std::int32_t>& tokens) {  // one page, left cached in the pool
-        const auto id = cache.add_sequence();
-        write_tokens(id, tokens, cache.begin_append(id, static_cast<int>(tokens.size()), tokens));
-        cache.remove_sequence(id);
-    };
     // A swapped sequence holds the tier's only page, so an evicted prefix page goes straight to disk.
     const auto swapped = cache.add_sequence();
-    write_tokens(swapped, tokens_from(500, page), cache.begin_append(swapped, page));
+    write_tokens(cache, swapped, tokens_from(500, page), cache.begin_append(swapped, page));
     cache.clear_prefix_cache();
     cache.swap_out(swapped);
     const auto first = tokens_from(100, page), second = tokens_from(200, page);
@@ -1370,7 +1367,7 @@ TEST_CASE("a pool page written straight to disk waits for its plan's stream, not
     // A plan on stream 7 evicts the first prompt's page: the rows are read
     // once stream 7's work is done (work on it is ordered after the page's
     // writers: it is about to write the page), without waiting for every stream.
-    cache_prompt(first);
+    cache_prompt(cache, first);
     auto& calls = event_memory::calls();
     calls.clear();
     {
@@ -1383,7 +1380,7 @@ TEST_CASE("a pool page written straight to disk waits for its plan's stream, not
     CHECK(event_memory::count("device") == 0);
 
     // Without a stream any plan's may still be writing the page: every stream is waited for.
-    cache_prompt(second);
+    cache_prompt(cache, second);
     calls.clear();
     {
         const auto filler = cache.add_sequence();
@@ -1397,12 +1394,7 @@ TEST_CASE("a pool page written straight to disk waits for its plan's stream, not
     for (const auto& tokens : {first, second}) {
         const auto id = cache.add_sequence();
         CHECK(cache.match_prefix(id, tokens) == page);
-        for (int l = 0; l < layers; ++l) {
-            std::vector<float> keys(tokens.size() * row), values(keys.size());
-            cache.read(id, l, 0, static_cast<int>(tokens.size()), keys, values);
-            CHECK(keys == rows_of(tokens, 0, l, false));
-            CHECK(values == rows_of(tokens, 0, l, true));
-        }
+        check_tokens(cache, id, tokens);
         cache.remove_sequence(id);
     }
     CHECK(cache.statistics().disk_prefix_hit_pages == 2);

@@ -60,6 +60,23 @@ bool quantise_query(const float* row, std::int16_t* codes, float& scale) noexcep
     return true;
 }
 
+#if KVCACHE_CPU_AVX512_VNNI
+/// The start of an integer score step over keys t .. t + Step - 1: asks
+/// memory for the K rows of the same slots of `ahead` (nullable; as
+/// tile_scores does) and zeroes the step's sums.
+/// @tparam Dim head dimension
+/// @tparam Rows query rows
+/// @tparam Step keys a step
+/// @tparam Ahead the tile type of `ahead`
+template <int Dim, int Rows, int Step, class Ahead>
+void start_integer_step(const Ahead* ahead, int t, __m512i (&sums)[Rows][Step]) noexcept {
+    if (ahead)
+        for (int j = 0; j < Step && t + j < ahead->count; ++j) prefetch_key_row<Dim, decode_prefetch>(*ahead, t + j);
+    for (int r = 0; r < Rows; ++r)
+        for (int j = 0; j < Step; ++j) sums[r][j] = _mm512_setzero_si512();
+}
+#endif
+
 /// tile_scores for int8 keys with 16-bit integer dot products
 /// (int8_key_dots_v): scores[r][t] = (codes_r . k_t) * code_scales[r] *
 /// the row's scale (read as tile_scores reads it), the products exact in
@@ -74,11 +91,8 @@ void tile_scores_int8_dots(const std::int16_t* codes, const float* code_scales, 
 #if KVCACHE_CPU_AVX512_VNNI
     constexpr int step = 4;
     for (int t = 0; t < keys; t += step) {
-        if (ahead)
-            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_key_row<Dim, decode_prefetch>(*ahead, t + j);
         __m512i accumulators[Rows][step];
-        for (int r = 0; r < Rows; ++r)
-            for (int j = 0; j < step; ++j) accumulators[r][j] = _mm512_setzero_si512();
+        start_integer_step<Dim>(ahead, t, accumulators);
         for (int c = 0; c < Dim / 32; ++c) {
             __m512i k[step];
             for (int j = 0; j < step; ++j)  // maskz: g++ 12 warns (-Werror) on the unmasked form's undefined source
@@ -194,11 +208,8 @@ void tile_scores_int4_dots(const std::int16_t* codes, const float* code_scales, 
     const __m512i spread_index = _mm512_load_si512(static_cast<const void*>(spread));
     const __m512i nibble = _mm512_set1_epi16(0xf);
     for (int t = 0; t < keys; t += step) {
-        if (ahead)
-            for (int j = 0; j < step && t + j < ahead->count; ++j) prefetch_key_row<Dim, decode_prefetch>(*ahead, t + j);
         __m512i accumulators[Rows][step];
-        for (int r = 0; r < Rows; ++r)
-            for (int j = 0; j < step; ++j) accumulators[r][j] = _mm512_setzero_si512();
+        start_integer_step<Dim>(ahead, t, accumulators);
         for (int j = 0; j < step; ++j) {
             const void* const row = static_cast<const void*>(tile.keys[t + j]);
             __m512i words[vectors];  // maskz forms: g++ 12 warns (-Werror) on the unmasked ones' undefined source

@@ -178,6 +178,8 @@ inline std::vector<int> iota(int n) {
 /// device); the copies themselves are done on return.
 struct numbered_stream_memory : kvcache::host_memory {
     using stream_type = int;
+    static void synchronize() noexcept {}
+    static void synchronize(stream_type) noexcept {}  // the policy's wait for one stream, as host_memory's
     static void copy_from_host_async(void* destination, const void* source, std::size_t bytes, stream_type) {
         kvcache::host_memory::copy_from_host(destination, source, bytes);
     }

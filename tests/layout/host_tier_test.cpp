@@ -32,17 +32,27 @@ std::vector<float> rows_of(const std::vector<std::int32_t>& tokens, int first, i
     return test_support::token_rows(tokens, first, layer, is_value, row);
 }
 
-/// Appends tokens to every layer (layer 0 reserves, with the token ids for the prefix cache).
-void append_tokens(cache_type& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
-    const int first = cache.begin_append(id, static_cast<int>(tokens.size()), tokens);
+/// Writes the rows of `tokens` (rows_of) from position `first` on, in every layer.
+/// @tparam Cache a paged_cache of these heads, in any memory policy
+template <class Cache>
+void write_tokens(Cache& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int first) {
     for (int l = 0; l < layers; ++l) {
         const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
         cache.write(id, l, first, keys, values, static_cast<int>(tokens.size()));
     }
 }
 
+/// Appends tokens to every layer (reserved with the token ids, for the prefix cache).
+/// @tparam Cache a paged_cache of these heads, in any memory policy
+template <class Cache>
+void append_tokens(Cache& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+    write_tokens(cache, id, tokens, cache.begin_append(id, static_cast<int>(tokens.size()), tokens));
+}
+
 /// Every row of every layer of a sequence equals what its tokens give.
-void check_rows(const cache_type& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
+/// @tparam Cache a paged_cache of these heads, in any memory policy
+template <class Cache>
+void check_rows(const Cache& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
     REQUIRE(cache.length(id) == static_cast<int>(tokens.size()));
     const int n = cache.length(id);
     for (int l = 0; l < layers; ++l) {
@@ -547,12 +557,7 @@ int files_in(const std::string& directory) {
 /// never published, so removing the sequence frees them (a filler that makes
 /// the pool evict its cached pages).
 void append_anonymous(cache_type& cache, kvcache::sequence_id id, int n) {
-    const auto tokens = tokens_from(90000, n);
-    const int first = cache.begin_append(id, n);
-    for (int l = 0; l < layers; ++l) {
-        const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
-        cache.write(id, l, first, keys, values, n);
-    }
+    write_tokens(cache, id, tokens_from(90000, n), cache.begin_append(id, n));
 }
 
 /// Rows [0, n) of every layer of a sequence equal what tokens give there.
@@ -1231,29 +1236,11 @@ struct event_memory : test_support::numbered_stream_memory {
 namespace {
 using event_cache = kvcache::paged_cache<float, heads, event_memory>;
 
-/// Writes the rows of `tokens` (rows_of) from position `first` on, in every layer.
-void write_tokens(event_cache& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens, int first) {
-    for (int l = 0; l < layers; ++l) {
-        const auto keys = rows_of(tokens, first, l, false), values = rows_of(tokens, first, l, true);
-        cache.write(id, l, first, keys, values, static_cast<int>(tokens.size()));
-    }
-}
-
-/// One page of tokens, written and left cached in the pool.
+/// One page of tokens, appended and left cached in the pool.
 void cache_prompt(event_cache& cache, const std::vector<std::int32_t>& tokens) {
     const auto id = cache.add_sequence();
-    write_tokens(cache, id, tokens, cache.begin_append(id, static_cast<int>(tokens.size()), tokens));
+    append_tokens(cache, id, tokens);
     cache.remove_sequence(id);
-}
-
-/// Checks that the sequence reads back the rows of `tokens` in every layer.
-void check_tokens(event_cache& cache, kvcache::sequence_id id, const std::vector<std::int32_t>& tokens) {
-    for (int l = 0; l < layers; ++l) {
-        std::vector<float> keys(tokens.size() * row), values(keys.size());
-        cache.read(id, l, 0, static_cast<int>(tokens.size()), keys, values);
-        CHECK(keys == rows_of(tokens, 0, l, false));
-        CHECK(values == rows_of(tokens, 0, l, true));
-    }
 }
 }  // namespace
 
@@ -1313,13 +1300,13 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     CHECK(event_memory::count("record", 9, 9) == 1);
     CHECK(event_memory::count("stream") == 0);
     CHECK(event_memory::count("device") == 0);
-    check_tokens(cache, again, third);
+    check_rows(cache, again, third);
     calls.clear();
     const auto from_disk = cache.add_sequence();
     CHECK(cache.match_prefix(from_disk, first) == page);
     CHECK(cache.statistics().disk_prefix_hit_pages == 1);
     CHECK(event_memory::count("stream", 0, -1) == 1);
-    check_tokens(cache, from_disk, first);
+    check_rows(cache, from_disk, first);
     cache.remove_sequence(again);
     cache.remove_sequence(from_disk);
 
@@ -1332,14 +1319,14 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     calls.clear();
     cache.swap_out(swapped, 5);
     CHECK(event_memory::count("record", 5, 5) == 2);
-    check_tokens(cache, swapped, swapped_tokens);
+    check_rows(cache, swapped, swapped_tokens);
     CHECK(event_memory::count("wait", -1, 5) == 2 * layers);  // each layer's read waits for both pages
     cache.swap_in(swapped, 6);
     CHECK(event_memory::count("order", 6, 5) == 2);
     CHECK(event_memory::count("record", 6, 6) == 2);
     CHECK(event_memory::count("stream") == 0);  // returned with the copies in flight
     CHECK(event_memory::count("device") == 0);
-    check_tokens(cache, swapped, swapped_tokens);
+    check_rows(cache, swapped, swapped_tokens);
     // Swapped out again on stream 11, into the two host pages swap_in just
     // released: the new fills wait, on stream 11, for stream 6's copies out.
     calls.clear();
@@ -1349,7 +1336,7 @@ TEST_CASE("a host-tier page's reader waits for the copies that filled it, never 
     cache.swap_in(swapped);  // no stream: waits for its copies
     CHECK(event_memory::count("stream", 0, -1) == 1);
     CHECK(event_memory::count("device") == 0);
-    check_tokens(cache, swapped, swapped_tokens);
+    check_rows(cache, swapped, swapped_tokens);
 }
 
 TEST_CASE("a pool page written straight to disk waits for its plan's stream, not for every stream") {
@@ -1394,7 +1381,7 @@ TEST_CASE("a pool page written straight to disk waits for its plan's stream, not
     for (const auto& tokens : {first, second}) {
         const auto id = cache.add_sequence();
         CHECK(cache.match_prefix(id, tokens) == page);
-        check_tokens(cache, id, tokens);
+        check_rows(cache, id, tokens);
         cache.remove_sequence(id);
     }
     CHECK(cache.statistics().disk_prefix_hit_pages == 2);

@@ -1,6 +1,6 @@
 // The queries as a backend's decode scores them. The CPU backend's AVX-512
 // VNNI builds score int8 keys, and int4 keys at head dims 64 and 128, with the
-// queries rounded to 16-bit codes (backend/cpu/key_tiles.hpp, quantise_query;
+// queries rounded to 16-bit codes (backend/cpu/key_dots.hpp, quantise_query;
 // int4 scores are exactly those of the rounded rows): a logit may move by up to half
 // a code step times the key's 1-norm, about 1e-3 at the tests' sizes in the
 // worst case, far past the kernels' 1e-5. So the reference of such a test is
